@@ -1,0 +1,161 @@
+"""Plain decoding with our runtime: batched prefill, then one token per step.
+
+This is the baseline speculative decoding must match token for token (greedy) and
+beat in speed. On CUDA the decode step runs as a captured graph over the whole
+cache (static shapes); on CPU it attends only over the slots in use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.loading.target import Target
+from eaglet.sampling import SamplingParams, sample
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    seconds: float = 0.0
+    accept_lengths: list[int] = field(default_factory=list)  # per verify, speculative only
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+def context_size(target: Target, max_context: int | None) -> int:
+    """The KV capacity: --max-context, else the model's window capped at 4096."""
+    window = target.config.max_position_embeddings
+    size = min(window, 4096) if max_context is None else max_context
+    if size < 2 or size > window:
+        raise EagletError(f"--max-context must be between 2 and the model's window {window}, got {size}")
+    return size
+
+
+class StopChecker:
+    """EOS ids and stop strings, per sequence."""
+
+    def __init__(self, target: Target, params: SamplingParams):
+        self.eos = set(target.config.eos_token_ids)
+        if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+            self.eos.add(target.tokenizer.eos_token_id)
+        self.tok = target.tokenizer
+        self.stops = params.stop
+
+    def check(self, tokens: list[int], n_new: int = 1) -> int | None:
+        """How many tokens to keep if the last ``n_new`` end the sequence, else None.
+
+        EOS is dropped; a stop string is kept up to the token that completes it.
+        """
+        for i in range(len(tokens) - n_new, len(tokens)):
+            if tokens[i] in self.eos:
+                return self._stop_in(tokens[:i]) or i
+        return self._stop_in(tokens)
+
+    def _stop_in(self, tokens: list[int]) -> int | None:
+        if not self.stops or not any(s in self.tok.decode(tokens) for s in self.stops):
+            return None
+        for n in range(1, len(tokens) + 1):  # the shortest prefix holding a stop string
+            if any(s in self.tok.decode(tokens[:n]) for s in self.stops):
+                return n
+        return None
+
+
+def prefill(target: Target, cache, prompts: list[list[int]], n_slots: int | None = None) -> torch.Tensor:
+    """Right-padded batched prefill; returns each row's last-position logits [B, V]."""
+    model = target.model
+    dev = cache.lens.device
+    lengths = torch.tensor([len(p) for p in prompts], device=dev)
+    t = int(lengths.max())
+    ids = torch.zeros(len(prompts), t, dtype=torch.long, device=dev)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p, device=dev)
+    meta = cache.append_meta(t, n_slots)
+    h, _ = model(ids, meta, cache)
+    cache.advance(lengths)
+    last = h[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, H]
+    return model.logits(last)
+
+
+class PlainGenerator:
+    def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None):
+        self.target = target
+        self.capacity = context_size(target, max_context)
+        self.device = target.model.embed.weight.device
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self._graphs: dict[int, object] = {}
+        self._caches: dict[int, object] = {}
+
+    def _cache(self, batch: int):
+        if batch not in self._caches:
+            self._caches[batch] = self.target.model.new_cache(batch, self.capacity)
+        cache = self._caches[batch]
+        cache.reset()
+        return cache
+
+    def _step_fn(self, cache) -> Callable[[torch.Tensor], torch.Tensor]:
+        model, n_slots = self.target.model, (self.capacity if self.use_graphs else None)
+
+        def step(ids: torch.Tensor) -> torch.Tensor:  # ids [B, 1] -> logits [B, V]
+            h, _ = model(ids, cache.append_meta(1, n_slots), cache)
+            return model.logits(h[:, -1])
+
+        if not self.use_graphs:
+            return step
+        b = cache.batch
+        if b not in self._graphs:
+            from eaglet.cuda_graph import GraphedStep
+
+            self._graphs[b] = GraphedStep(step, torch.zeros(b, 1, dtype=torch.long, device=self.device))
+        return self._graphs[b]
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 on_token: Callable[[int, int], None] | None = None) -> list[Completion]:
+        """Decode each prompt; ``on_token(row, token)`` streams tokens as they are final."""
+        for p in prompts:
+            if len(p) + 1 > self.capacity:
+                raise EagletError(
+                    f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
+                    "shorten it or raise --max-context"
+                )
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        stops = StopChecker(self.target, params)
+        start = time.perf_counter()
+        cache = self._cache(len(prompts))
+        logits = prefill(self.target, cache, prompts, self.capacity if self.use_graphs else None)
+        step = self._step_fn(cache)
+        out = [Completion([], "length") for _ in prompts]
+        done = [False] * len(prompts)
+        for _ in range(params.max_new_tokens):
+            tok = sample(logits, params, gen)  # [B]
+            for i, t in enumerate(tok.tolist()):
+                if done[i]:
+                    continue
+                c = out[i]
+                c.tokens.append(t)
+                keep = stops.check(c.tokens)
+                if keep is not None:
+                    del c.tokens[keep:]
+                    c.finish_reason, done[i] = "stop", True
+                elif on_token:
+                    on_token(i, t)
+                if not done[i] and (len(c.tokens) >= params.max_new_tokens
+                                    or len(prompts[i]) + len(c.tokens) >= self.capacity):
+                    done[i] = True
+            if all(done):
+                break
+            logits = step(tok.view(-1, 1))
+            cache.advance(1)
+        elapsed = time.perf_counter() - start
+        for c in out:
+            c.seconds = elapsed
+        return out

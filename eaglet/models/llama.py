@@ -1,0 +1,131 @@
+"""The Llama-family target (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM2) as a plain nn.Module.
+
+``forward`` takes explicit positions, cache slots and an attention mask (see
+kv_cache.py), and returns the final-normed hidden states plus, when asked, the
+residual-stream points of a CaptureSpec concatenated in spec order. Logits are a
+separate call so callers project only the positions they need.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.models.config import ModelConfig
+from eaglet.models.layers import (
+    MLP,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    Rotary,
+    RowParallelLinear,
+    TensorSource,
+    VocabParallelEmbedding,
+    apply_rotary,
+)
+from eaglet.parallel.state import SINGLE, TPGroup
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup):
+        super().__init__()
+        self.layer = layer
+        self.qkv = QKVParallelLinear(cfg, tp)
+        self.n_q, self.n_kv, self.d = self.qkv.n_q, self.qkv.n_kv, cfg.head_dim
+        self.o = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttnMeta | None, cache: KVCache | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], dim=-1)
+        q = q.view(b, t, self.n_q, self.d)  # [B, T, nq, D]
+        k = k.view(b, t, self.n_kv, self.d)  # [B, T, nkv, D]
+        v = v.view(b, t, self.n_kv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is None:
+            # Whole sequences (training, feature capture): plain causal attention.
+            keys, vals = k.transpose(1, 2), v.transpose(1, 2)  # [B, nkv, T, D]
+            mask, causal = (meta.mask if meta is not None else None), meta is None
+        else:
+            cache.write(self.layer, k, v, meta.slots)
+            keys, vals = cache.view(self.layer, meta.mask.shape[-1])  # [B, nkv, S, D]
+            mask, causal = meta.mask, False
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, vals, attn_mask=mask, is_causal=causal,
+            enable_gqa=self.n_q != self.n_kv,
+        )  # [B, nq, T, D]
+        return self.o(out.transpose(1, 2).reshape(b, t, self.n_q * self.d))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup):
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer, tp)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, tp)
+
+    def forward(self, h, cos, sin, meta, cache):
+        # Residual adds happen after each all-reduce (inside o/down), so ``h`` is always
+        # the complete residual stream on every rank: the capture contract relies on it.
+        # If a fused or deferred all-reduce is ever introduced, capture must move after it.
+        h = h + self.attn(self.input_norm(h), cos, sin, meta, cache)
+        return h + self.mlp(self.post_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE, max_pos: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp,
+                                      self.embed if cfg.tie_word_embeddings else None)
+        self.rotary = Rotary(cfg, max_pos or cfg.max_position_embeddings)
+
+    @property
+    def n_kv_local(self) -> int:
+        return self.layers[0].attn.n_kv
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        p = self.embed.weight
+        return KVCache(self.cfg.num_layers, batch, capacity, self.n_kv_local, self.cfg.head_dim, p.dtype, p.device)
+
+    def forward(self, ids: torch.Tensor, meta: AttnMeta | None = None, cache: KVCache | None = None,
+                capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids [B, T] -> (final-normed hidden [B, T, H], captured points [B, T, k*H] or None).
+
+        Without ``meta`` the tokens are whole sequences at positions 0..T-1, causal.
+        """
+        if meta is None:
+            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        else:
+            positions = meta.positions
+        cos, sin = self.rotary(positions)
+        h = self.embed(ids)  # [B, T, H]
+        points: dict[int, torch.Tensor] = {}
+        for j, layer in enumerate(self.layers):
+            if j in capture:
+                points[j] = h
+            h = layer(h, cos, sin, meta, cache)
+        if self.cfg.num_layers in capture:
+            points[self.cfg.num_layers] = h
+        aux = torch.cat([points[p] for p in capture], dim=-1) if capture else None
+        return self.norm(h), aux
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h)  # [..., V]
+
+    def load_weights(self, tensors: dict[str, TensorSource]) -> None:
+        """Fill every parameter from HF-named checkpoint tensors (``model.layers.0...``)."""
+        from eaglet.loading.names import assign
+
+        assign(self, tensors)

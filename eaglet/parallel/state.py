@@ -1,0 +1,36 @@
+"""Tensor-parallel state: the process group the model layers shard over.
+
+At tp=1 (no group) every helper here is the identity, so layers are plain layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """The ranks one model is sharded over; ``group=None`` means tp=1."""
+
+    rank: int = 0
+    size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate each rank's slice along the last dim (vocab-parallel logits)."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+SINGLE = TPGroup()

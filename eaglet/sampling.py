@@ -1,0 +1,61 @@
+"""Sampling settings and the token distribution they define.
+
+``probs`` is the single definition of "the distribution the user asked for"
+(temperature, then top-k, then top-p). Plain sampling draws from it, and speculative
+acceptance compares draft and target through it, which is what makes speculative
+sampling reproduce plain sampling exactly in distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eaglet.errors import EagletError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    max_new_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise EagletError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise EagletError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise EagletError(f"--top-k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise EagletError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p."""
+    x = logits.float() / max(p.temperature, 1e-6)
+    if p.top_k and p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if p.top_p < 1:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = sorted_x.softmax(-1)
+        # Drop a token when the tokens strictly before it already reach top_p.
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= p.top_p
+        x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return x.softmax(-1)
+
+
+def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None = None) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]."""
+    if p.greedy:
+        return logits.argmax(-1)
+    return torch.multinomial(probs(logits, p), 1, generator=gen).squeeze(-1)

