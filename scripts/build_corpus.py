@@ -52,7 +52,7 @@ VAL_EVALS_PER_CATEGORY = {
     "code": 2,
     "chat": 1,
 }
-CHITCHAT_MAX_WINDOW_TURNS = (3, 5, 7)  # multi-turn chitchat prompts take this many turns
+CHITCHAT_WINDOW_TURNS = (3, 5, 7)  # multi-turn chitchat prompts take this many turns
 BENCH_PER_GROUP = 20
 HUMAN_EVAL_TEMPLATE = "Complete this Python function:\n\n{prompt}"
 
@@ -395,7 +395,7 @@ def read_chitchat(path: Path, rng: random.Random) -> list[list[dict[str, str]]]:
         out.append([{"role": "user", "content": turns[0][1]}])
         if len(turns) >= 3:
             end = rng.randrange(2, len(turns))  # the final (user) turn
-            n = rng.choice(CHITCHAT_MAX_WINDOW_TURNS)
+            n = rng.choice(CHITCHAT_WINDOW_TURNS)
             start = max(end - n + 1, end % 2)  # odd length so it opens with a user turn
             window = turns[start : end + 1]
             out.append(

@@ -140,3 +140,7 @@ def greedy_hf(hf_model, prompt: torch.Tensor, n_new: int) -> torch.Tensor:
         min_new_tokens=n_new, eos_token_id=None, pad_token_id=0,
     )
     return out[0, prompt.shape[1]:]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: loads a real checkpoint (seconds to tens of seconds); run by default")

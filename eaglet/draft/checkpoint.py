@@ -1,0 +1,172 @@
+"""Draft checkpoints: an HF-style directory that eaglet, SGLang and SpecForge all read.
+
+``config.json`` carries SGLang/SpecForge's keys (``architectures:
+["LlamaForCausalLMEagle3"]``, ``draft_vocab_size``, ``target_hidden_size``,
+``eagle_config.eagle_aux_hidden_state_layer_ids`` in their "output of layer i"
+convention) and an ``eaglet`` block with the CaptureSpec in our point convention and
+the target's identity. Weights are safetensors shards of at most 16 MiB (so a draft
+travels through size-limited channels), with ``d2t``/``t2d`` beside them.
+
+Import never guesses capture points: a draft with no ids is an error, and when both
+blocks are present they must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eaglet.capture import CaptureSpec
+from eaglet.draft.model import DraftConfig, Eagle3Draft
+from eaglet.errors import EagletError
+
+MAX_SHARD_BYTES = 16 * 1024 * 1024
+ARCH = "LlamaForCausalLMEagle3"
+
+
+def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
+    return {
+        "architectures": [ARCH],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "eagle_config": {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": c.capture.to_ids("sglang") if 0 not in c.capture.points else None,
+        },
+        "eaglet": {"capture": c.capture.to_json(), "target": target or {}},
+    }
+
+
+def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
+               dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
+    """Write the draft atomically: a temp directory renamed over ``path``."""
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu") for k, v in draft.state_dict().items()}
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if n > MAX_SHARD_BYTES:
+            raise EagletError(f"draft tensor {name} is {n >> 20} MiB, over the 16 MiB shard limit; "
+                              "use a smaller draft vocabulary or bfloat16")
+        if size + n > MAX_SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    cfg = draft_config_json(draft.config, target)
+    if extra:
+        cfg["eaglet"].update(extra)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+            weight_map.update({k: fname for k in shard})
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        if path.exists():
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_capture(cfg: dict, num_layers: int, ids: list[int] | None = None,
+                 convention: str | None = None) -> CaptureSpec:
+    """The draft's CaptureSpec, from explicit ids, our block, or SGLang/SpecForge's ids."""
+    if ids is not None:
+        if convention is None:
+            raise EagletError("capture ids were given without their convention (eaglet, vllm, sglang, specforge)")
+        return CaptureSpec.from_ids(ids, convention, num_layers)
+    ours = (cfg.get("eaglet") or {}).get("capture")
+    theirs = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ours is not None:
+        spec = CaptureSpec.from_json(ours)
+        if spec.num_layers != num_layers:
+            raise EagletError(f"the draft was trained for a {spec.num_layers}-layer target, this target has {num_layers}")
+        if theirs is not None and CaptureSpec.from_ids(theirs, "sglang", num_layers) != spec:
+            raise EagletError(f"the draft's capture points {list(spec.points)} disagree with its "
+                              f"eagle_aux_hidden_state_layer_ids {theirs}")
+        return spec
+    if theirs is not None:
+        return CaptureSpec.from_ids(theirs, "sglang", num_layers)
+    raise EagletError("the draft's config.json carries no capture layer ids (eagle_config."
+                      "eagle_aux_hidden_state_layer_ids); pass them with their convention instead of guessing")
+
+
+def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32, ids: list[int] | None = None,
+               convention: str | None = None) -> tuple[Eagle3Draft, dict]:
+    """(draft, its config.json) for a target with ``num_layers`` layers."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise EagletError(f"{path} is not a draft directory (no config.json)")
+    cfg = json.loads((path / "config.json").read_text())
+    if ARCH not in (cfg.get("architectures") or []):
+        raise EagletError(f"{path} is not an EAGLE-3 draft (architectures: {cfg.get('architectures')})")
+    if int(cfg.get("num_hidden_layers", 1)) != 1:
+        raise EagletError(f"eaglet runs one-layer EAGLE-3 drafts; {path} has {cfg['num_hidden_layers']} layers")
+    capture = read_capture(cfg, num_layers, ids, convention)
+    heads = int(cfg["num_attention_heads"])
+    c = DraftConfig(
+        hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]), num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        vocab_size=int(cfg["vocab_size"]), draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
+        capture=capture, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        target_hidden_size=cfg.get("target_hidden_size"),
+    )
+    state = _read_tensors(path)
+    state.pop("embed_tokens.weight", None)  # some exporters duplicate the target's embedding
+    with torch.device(device):
+        draft = Eagle3Draft(c)
+    missing = set(draft.state_dict()) - set(state)
+    if "d2t" in missing and c.draft_vocab_size == c.vocab_size:  # full vocabulary: identity mapping
+        state["d2t"], state["t2d"] = torch.zeros(c.vocab_size, dtype=torch.long), torch.ones(c.vocab_size, dtype=torch.bool)
+        missing -= {"d2t", "t2d"}
+    if missing:
+        raise EagletError(f"{path} lacks draft tensors: {', '.join(sorted(missing))}")
+    state = {k: v for k, v in state.items() if k in draft.state_dict()}
+    draft.load_state_dict({k: v.to(torch.long) if k == "d2t" else v.to(torch.bool) if k == "t2d" else v
+                           for k, v in state.items()}, strict=True)
+    return draft.to(dtype=dtype).eval(), cfg
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else [f.name for f in path.glob("*.safetensors")]
+    if not files:
+        raise EagletError(f"{path} holds no safetensors weights")
+    out = {}
+    for f in files:
+        with safe_open(str(path / f), framework="pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out

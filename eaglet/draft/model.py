@@ -1,0 +1,168 @@
+"""The EAGLE-3 draft model (Li et al., "EAGLE-3", arXiv 2503.01840).
+
+One decoder layer over a fused target feature. For anchor position ``t`` the first
+draft step reads ``g_t = fc(cat(points of the target at t))`` [k*H -> H] and the
+embedding of the next token ``x_{t+1}``; its attention input is
+``cat(input_norm(emb), hidden_norm(g))`` (2H wide), and it predicts ``x_{t+2}``
+over a reduced draft vocabulary. Each later step reads the draft's own pre-norm
+output hidden state in place of ``g``, at position ``t + step``.
+
+Token embeddings are the target's (frozen, passed in, never stored with the draft).
+Attention sees the draft's KV either through a KVCache (inference: chains and trees)
+or through ``past`` lists of earlier steps' K/V (training-time test, differentiable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglet.capture import CaptureSpec
+from eaglet.errors import EagletError
+from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.models.config import ModelConfig
+from eaglet.models.layers import RMSNorm, Rotary, apply_rotary
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    capture: CaptureSpec
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    target_hidden_size: int | None = None  # defaults to hidden_size
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise EagletError(f"draft heads {self.num_heads} not a multiple of kv heads {self.num_kv_heads}")
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise EagletError(f"draft_vocab_size={self.draft_vocab_size} must be in 1..{self.vocab_size}")
+
+    @property
+    def target_hidden(self) -> int:
+        return self.target_hidden_size or self.hidden_size
+
+    @classmethod
+    def for_target(cls, t: ModelConfig, capture: CaptureSpec, draft_vocab_size: int) -> DraftConfig:
+        """A draft shaped like one layer of the target (EAGLE-3's choice)."""
+        return cls(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_heads=t.num_heads,
+                   num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, vocab_size=t.vocab_size,
+                   draft_vocab_size=min(draft_vocab_size, t.vocab_size), capture=capture,
+                   rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
+                   max_position_embeddings=t.max_position_embeddings)
+
+    def rope_config(self) -> ModelConfig:
+        return ModelConfig("llama", self.vocab_size, self.hidden_size, self.intermediate_size, 1,
+                           self.num_heads, self.num_kv_heads, self.head_dim, self.rms_norm_eps,
+                           self.rope_theta, max_position_embeddings=self.max_position_embeddings)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.n_q, self.n_kv, self.d = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
+        b, t, _ = x.shape
+        q = apply_rotary(self.q_proj(x).view(b, t, self.n_q, self.d), cos, sin)  # [B, T, nq, D]
+        k = apply_rotary(self.k_proj(x).view(b, t, self.n_kv, self.d), cos, sin)  # [B, T, nkv, D]
+        v = self.v_proj(x).view(b, t, self.n_kv, self.d)
+        if cache is not None:
+            cache.write(0, k, v, meta.slots)
+            keys, vals = cache.view(0, meta.mask.shape[-1])  # [B, nkv, S, D]
+        else:
+            # Training-time test: keys are every earlier step's K/V plus this step's.
+            past.append((k.transpose(1, 2), v.transpose(1, 2)))
+            keys = torch.cat([p[0] for p in past], dim=2)  # [B, nkv, steps*T, D]
+            vals = torch.cat([p[1] for p in past], dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=meta.mask,
+                                             enable_gqa=self.n_q != self.n_kv)  # [B, nq, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_q * self.d))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DraftAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = DraftMLP(c)
+
+
+class Eagle3Draft(nn.Module):
+    # Parameter names follow SGLang/SpecForge's LlamaForCausalLMEagle3 so checkpoints interchange.
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(c.capture.k * c.target_hidden, c.hidden_size, bias=False)
+        self.midlayer = DraftLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # d2t[i]: offset so that target id = i + d2t[i]; t2d[v]: target token v is in the draft vocab.
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.rotary = Rotary(c.rope_config(), c.max_position_embeddings)
+        for p in self.parameters():  # RMSNorm creates frozen weights for targets; a draft trains
+            p.requires_grad_(True)
+        with torch.no_grad():
+            for n in (self.midlayer.input_layernorm, self.midlayer.hidden_norm,
+                      self.midlayer.post_attention_layernorm, self.norm):
+                n.weight.fill_(1.0)
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        return self.fc(aux)  # [B, T, k*H] -> [B, T, H]
+
+    def forward(self, hidden: torch.Tensor, emb: torch.Tensor, meta: AttnMeta,
+                cache: KVCache | None = None, past: list | None = None) -> torch.Tensor:
+        """hidden [B, T, H] (fused feature or previous step's output), emb [B, T, H] -> pre-norm out [B, T, H]."""
+        layer = self.midlayer
+        cos, sin = self.rotary(meta.positions)
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        h = hidden + layer.self_attn(x, cos, sin, meta, cache, past)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(out))  # [..., draft_vocab]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def set_vocab(self, target_ids: torch.Tensor) -> None:
+        """Define the draft vocabulary as these target ids (sorted ascending)."""
+        ids = torch.sort(target_ids.to(torch.long)).values
+        if ids.numel() != self.config.draft_vocab_size or ids.unique().numel() != ids.numel():
+            raise EagletError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct target ids")
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        w = self.fc.weight
+        c = self.config
+        return KVCache(1, batch, capacity, c.num_kv_heads, c.head_dim, w.dtype, w.device)
