@@ -63,6 +63,9 @@ class CaptureSpec:
         ids = [int(i) for i in ids]
         if convention in ("eaglet", "vllm"):
             return cls(tuple(ids), num_layers)
+        if any(i < 0 for i in ids):
+            # -1 would otherwise become point 0 (the embedding output), not "the last layer".
+            raise EagletError(f"layer ids {ids} in the {convention} convention must be 0..{num_layers - 1}")
         return cls(tuple(i + 1 for i in ids), num_layers)
 
     def to_json(self) -> dict:

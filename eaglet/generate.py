@@ -32,7 +32,7 @@ class Completion:
 
 def context_size(target: Target, max_context: int | None) -> int:
     """The KV capacity: --max-context, else the model's window capped at 4096."""
-    window = target.config.max_position_embeddings
+    window = target.config.context_window
     size = min(window, 4096) if max_context is None else max_context
     if size < 2 or size > window:
         raise EagletError(f"--max-context must be between 2 and the model's window {window}, got {size}")
@@ -85,11 +85,16 @@ def prefill(target: Target, cache, prompts: list[list[int]], n_slots: int | None
 
 
 class PlainGenerator:
-    def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None):
+    def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None,
+                 compile: bool | None = None):
         self.target = target
         self.capacity = context_size(target, max_context)
         self.device = target.model.embed.weight.device
-        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        on_cuda = self.device.type == "cuda"
+        self.use_graphs = on_cuda if use_graphs is None else use_graphs
+        # Fusion (torch.compile) is what takes a small model's step from launch-bound
+        # toward the bandwidth floor; on CPU its start-up cost outweighs the gain.
+        self.compile = on_cuda if compile is None else compile
         self._graphs: dict[int, object] = {}
         self._caches: dict[int, object] = {}
 
@@ -109,6 +114,8 @@ class PlainGenerator:
 
         if not self.use_graphs:
             return step
+        if self.compile:
+            step = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
         b = cache.batch
         if b not in self._graphs:
             from eaglet.cuda_graph import GraphedStep

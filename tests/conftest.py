@@ -74,6 +74,19 @@ def save_and_load(hf_model, path: Path):
     return load_ours(path)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module with one intra-op thread (restored afterwards).
+
+    Tiny models gain nothing from more threads, and on a shared 2-core machine OpenMP
+    threads waiting on each other made these tests 3-20x slower.
+    """
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
 @pytest.fixture
 def tiny_pair(tmp_path):
     """Factory: ``tiny_pair(family, seed=0, **config_overrides) -> (hf_model, our_model, cfg)``."""

@@ -35,6 +35,9 @@ class ModelConfig:
     # llama3 scaling: (factor, low_freq_factor, high_freq_factor, original_max_position)
     rope_llama3: tuple[float, float, float, int] | None = None
     max_position_embeddings: int = 4096
+    # Mistral's sliding window: eaglet attends fully, which is identical while the whole
+    # sequence fits in the window, so the usable context is capped there (see context_window).
+    sliding_window: int | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False
@@ -68,6 +71,11 @@ class ModelConfig:
                 f"unsupported architecture '{model_type}': eaglet runs {', '.join(sorted(SUPPORTED))}"
             )
         bias, qk_norm = SUPPORTED[model_type]
+        # transformers gives qwen2 a q/k/v bias and mistral none whatever attention_bias says;
+        # llama and qwen3 read it, and then o_proj has a bias too, which eaglet does not model.
+        for key in ("attention_bias", "mlp_bias"):
+            if d.get(key) and (key == "mlp_bias" or model_type in ("llama", "qwen3")):
+                raise EagletError(f"{model_type} with {key}=true is not supported (no bias on o_proj or the MLP)")
         # transformers 5 moved rope_theta/rope_scaling into rope_parameters.
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
@@ -100,8 +108,10 @@ class ModelConfig:
                 rope_theta=float(theta),
                 rope_llama3=llama3,
                 max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+                sliding_window=int(d["sliding_window"]) if d.get("sliding_window") and
+                d.get("use_sliding_window", True) else None,
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                attention_bias=bool(d.get("attention_bias", bias)),
+                attention_bias=bias,
                 qk_norm=qk_norm,
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
@@ -141,6 +151,11 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos[0] if len(eos) == 1 else eos,
         }
+
+    @property
+    def context_window(self) -> int:
+        """Longest sequence this runtime computes exactly."""
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
 
     def replace(self, **kw) -> ModelConfig:
         return dataclasses.replace(self, **kw)

@@ -38,6 +38,16 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
         dst.copy_(src.to(dst.dtype))
 
 
+def _narrow(src: TensorSource, dim: int, start: int, length: int, full: int, what: str) -> torch.Tensor:
+    """This rank's slice of ``src``, refusing a tensor whose sliced dimension is not ``full`` long
+    (a plain narrow would silently read the first rows of a larger tensor)."""
+    if src.shape[dim] != full:
+        raise EagletError(
+            f"checkpoint tensor {what} has shape {tuple(src.shape)}; the config implies {full} along dimension {dim}"
+        )
+    return src.narrow(dim, start, length)
+
+
 def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
@@ -119,7 +129,7 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
     def load(self, src: TensorSource) -> None:
-        _copy(self.weight, src.narrow(0, self.start, self.part), "embedding")
+        _copy(self.weight, _narrow(src, 0, self.start, self.part, self.part * self.tp.size, "embedding"), "embedding")
 
 
 class ParallelLMHead(nn.Module):
@@ -137,7 +147,7 @@ class ParallelLMHead(nn.Module):
         return self.tp.all_gather_last(F.linear(h, self.weight))  # [..., V]
 
     def load(self, src: TensorSource) -> None:
-        _copy(self.weight, src.narrow(0, self.start, self.part), "lm_head")
+        _copy(self.weight, _narrow(src, 0, self.start, self.part, self.part * self.tp.size, "lm_head"), "lm_head")
 
 
 class QKVParallelLinear(nn.Module):
@@ -163,6 +173,7 @@ class QKVParallelLinear(nn.Module):
         self.q_start = tp.rank * self.n_q
         self.kv_start = tp.rank * self.n_kv if tp.size <= cfg.num_kv_heads else tp.rank * cfg.num_kv_heads // tp.size
         self.d = d
+        self.full_heads = {"q": cfg.num_heads, "k": cfg.num_kv_heads, "v": cfg.num_kv_heads}
         rows = (self.n_q + 2 * self.n_kv) * d
         self.weight = _param(rows, cfg.hidden_size)
         self.bias = _param(rows) if cfg.attention_bias else None
@@ -179,7 +190,8 @@ class QKVParallelLinear(nn.Module):
     def load(self, part: str, src: TensorSource, bias: bool = False) -> None:
         off, head, n = self._rows(part)
         dst = self.bias if bias else self.weight
-        _copy(dst[off: off + n * self.d], src.narrow(0, head * self.d, n * self.d), f"{part}_proj")
+        rows = _narrow(src, 0, head * self.d, n * self.d, self.full_heads[part] * self.d, f"{part}_proj")
+        _copy(dst[off: off + n * self.d], rows, f"{part}_proj")
 
 
 class MergedColumnParallelLinear(nn.Module):
@@ -190,6 +202,7 @@ class MergedColumnParallelLinear(nn.Module):
         if inter % tp.size:
             raise EagletError(f"intermediate_size={inter} does not divide by tp={tp.size}")
         self.part = inter // tp.size
+        self.full = inter
         self.start = tp.rank * self.part
         self.weight = _param(2 * self.part, dim)
 
@@ -198,7 +211,8 @@ class MergedColumnParallelLinear(nn.Module):
 
     def load(self, index: int, src: TensorSource) -> None:
         p = self.part
-        _copy(self.weight[index * p: (index + 1) * p], src.narrow(0, self.start, p), "gate/up_proj")
+        rows = _narrow(src, 0, self.start, p, self.full, "gate/up_proj")
+        _copy(self.weight[index * p: (index + 1) * p], rows, "gate/up_proj")
 
 
 class RowParallelLinear(nn.Module):
@@ -210,6 +224,7 @@ class RowParallelLinear(nn.Module):
             raise EagletError(f"row-parallel input {in_features} does not divide by tp={tp.size}")
         self.tp = tp
         self.part = in_features // tp.size
+        self.full = in_features
         self.start = tp.rank * self.part
         self.weight = _param(out_features, self.part)
 
@@ -217,7 +232,8 @@ class RowParallelLinear(nn.Module):
         return self.tp.all_reduce(F.linear(x, self.weight))
 
     def load(self, src: TensorSource) -> None:
-        _copy(self.weight, src.narrow(1, self.start, self.part), "row-parallel weight")
+        cols = _narrow(src, 1, self.start, self.part, self.full, "o_proj/down_proj")
+        _copy(self.weight, cols, "o_proj/down_proj")
 
 
 class MLP(nn.Module):

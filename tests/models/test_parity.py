@@ -13,6 +13,8 @@ import torch
 
 from tests.conftest import greedy_hf, greedy_ours, load_ours, make_hf_model, save_and_load
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 LLAMA3_ROPE = {
     "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
     "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
@@ -80,7 +82,7 @@ def test_logits_and_capture_match_hf(pair):
     hsz = cfg.hidden_size
     assert aux.shape == (2, SEQ, len(capture) * hsz)
     points = aux.split(hsz, dim=-1)  # k x [B, T, H], in capture order
-    for p, x in zip(capture, points):
+    for p, x in zip(capture, points, strict=True):
         if p < n:
             d = (x - ref.hidden_states[p]).abs().max().item()
             print(f"[{name}] point {p}: max |ours - HF hidden_states[{p}]| = {d:.3e}")
@@ -150,11 +152,26 @@ def test_llama3_rope_transformers4_spelling(tmp_path):
 
 
 @torch.no_grad()
-def test_llama3_rope_scaling_is_not_ignored(tmp_path):
+def test_llama3_rope_scaling_is_not_ignored(tiny_pair):
     """The llama3 case must actually differ from plain rope past the original context."""
-    hf = make_hf_model("llama", seed=5, rope_parameters=LLAMA3_ROPE)
-    ours, cfg = save_and_load(hf, tmp_path)
+    _, ours, cfg = tiny_pair("llama", seed=5, rope_parameters=LLAMA3_ROPE)
     plain = make_hf_model("llama", seed=5)  # same weights (same seed), default rope
     ids = _ids(cfg.vocab_size, 1, SEQ)
     h, _ = ours(ids)
     assert (ours.logits(h) - plain(ids).logits).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("family,value", [("qwen2", False), ("mistral", True)])
+@torch.no_grad()
+def test_attention_bias_key_follows_transformers(tmp_path, family, value):
+    """transformers gives qwen2 q/k/v biases and mistral none, whatever config.json's attention_bias says."""
+    hf = make_hf_model(family, seed=3, num_hidden_layers=1)
+    save_and_load(hf, tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    d["attention_bias"] = value
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    ours, cfg = load_ours(tmp_path)
+    assert cfg.attention_bias == (family == "qwen2")
+    ids = _ids(cfg.vocab_size, 1, 16)
+    h, _ = ours(ids)
+    assert (ours.logits(h) - hf(ids).logits).abs().max().item() < 1e-4

