@@ -15,6 +15,7 @@ import torch
 
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
+from eaglet.parallel.state import broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample
 
 
@@ -143,7 +144,8 @@ class PlainGenerator:
         out = [Completion([], "length") for _ in prompts]
         done = [False] * len(prompts)
         for _ in range(params.max_new_tokens):
-            tok = sample(logits, params, gen)  # [B]
+            # Under tensor parallelism every rank must continue with rank 0's token.
+            tok = broadcast_from_rank0(sample(logits, params, gen), self.target.model.tp)  # [B]
             for i, t in enumerate(tok.tolist()):
                 if done[i]:
                     continue

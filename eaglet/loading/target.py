@@ -128,12 +128,16 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
     return model.eval()
 
 
+def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               tp: TPGroup = SINGLE, max_pos: int | None = None) -> Transformer:
+    """The model alone from an HF directory; under tp > 1 each rank reads only its shard."""
+    model = build_model(read_config(path), dtype, device, tp, max_pos)
+    model.load_weights(open_tensors(path))
+    return model
+
+
 def load_target(spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                 tp: TPGroup = SINGLE, max_pos: int | None = None) -> Target:
     path = resolve_target_dir(spec)
-    cfg = read_config(path)
-    tensors = open_tensors(path)
-    tokenizer = load_tokenizer(path)
-    model = build_model(cfg, dtype, device, tp, max_pos)
-    model.load_weights(tensors)
-    return Target(model, tokenizer, cfg, spec, path)
+    model = load_model(path, dtype, device, tp, max_pos)
+    return Target(model, load_tokenizer(path), model.cfg, spec, path)

@@ -34,3 +34,18 @@ class TPGroup:
 
 
 SINGLE = TPGroup()
+
+
+def broadcast_from_rank0(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Overwrite the contiguous tensor ``x`` on every rank with rank 0's copy, in place; returns ``x``.
+
+    Decisions every rank must share (sampled tokens, accepted paths, stop flags) go
+    through this. Identical logits on all ranks make them agree in practice; the
+    broadcast makes it certain, even with non-deterministic kernels or sampling.
+    """
+    if tp.size == 1:
+        return x
+    # gloo has no bool type; a byte view carries the same bits.
+    buf = x.view(torch.uint8) if x.dtype == torch.bool else x
+    dist.broadcast(buf, group=tp.group, group_src=0)
+    return x
