@@ -11,15 +11,6 @@ from collections.abc import Callable
 
 import torch
 
-_POOL = None
-
-
-def _pool():
-    global _POOL
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
-    return _POOL
-
 
 class GraphedStep:
     def __init__(self, fn: Callable[..., torch.Tensor], *example: torch.Tensor, warmup: int = 2):
@@ -31,7 +22,7 @@ class GraphedStep:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=_pool()):
+        with torch.cuda.graph(self.graph):
             self.output = fn(*self.inputs)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
