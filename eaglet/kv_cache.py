@@ -30,11 +30,9 @@ class KVCache:
     def __init__(self, num_layers: int, batch: int, capacity: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
         self.capacity = capacity
-        # K and V of a layer share one buffer so that a write or a commit is one kernel, not two.
-        shape = (batch, 2, n_kv, capacity, head_dim)
-        self.kv = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.k = [t[:, 0] for t in self.kv]  # views [B, n_kv, S, D]
-        self.v = [t[:, 1] for t in self.kv]
+        shape = (batch, n_kv, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
 
@@ -44,7 +42,8 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         # k, v [B, T, n_kv, D]; slots [B, T]. Advanced indexing puts [B, T] first.
-        self.kv[layer][self._rows, :, :, slots] = torch.stack((k, v), dim=2)  # [B, T, 2, n_kv, D]
+        self.k[layer][self._rows, :, slots] = k
+        self.v[layer][self._rows, :, slots] = v
 
     def view(self, layer: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer][:, :, :n_slots], self.v[layer][:, :, :n_slots]  # [B, n_kv, S, D]
@@ -96,9 +95,9 @@ class KVCache:
         base = self.lens.unsqueeze(1)
         src = (base + accepted).clamp(max=self.capacity - 1)  # [B, A]
         dst = (base + torch.arange(a, device=base.device)).clamp(max=self.capacity - 1)
-        for cache in self.kv:
-            moved = cache[self._rows, :, :, src]  # [B, A, 2, n_kv, D] (gathered before writing)
-            cache[self._rows, :, :, dst] = moved
+        for cache in (*self.k, *self.v):
+            moved = cache[self._rows, :, src]  # [B, A, n_kv, D] (gathered before writing)
+            cache[self._rows, :, dst] = moved
         self.lens += n_accepted
 
     def advance(self, n: torch.Tensor | int) -> None:
