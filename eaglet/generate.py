@@ -163,7 +163,9 @@ class PlainGenerator:
             if all(done):
                 break
             logits = step(tok.view(-1, 1))
-            cache.advance(1)
+            # Finished rows stop advancing, so they never run past the cache (their
+            # one-slot rewrites each step are masked out of every other row).
+            cache.advance(torch.tensor([0 if d else 1 for d in done], device=self.device))
         elapsed = time.perf_counter() - start
         for c in out:
             c.seconds = elapsed

@@ -9,10 +9,10 @@ separate call so callers project only the positions they need.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.models.attention import attention
 from eaglet.models.config import ModelConfig
 from eaglet.models.layers import (
     MLP,
@@ -56,10 +56,7 @@ class Attention(nn.Module):
             cache.write(self.layer, k, v, meta.slots)
             keys, vals = cache.view(self.layer, meta.mask.shape[-1])  # [B, nkv, S, D]
             mask, causal = meta.mask, False
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, vals, attn_mask=mask, is_causal=causal,
-            enable_gqa=self.n_q != self.n_kv,
-        )  # [B, nq, T, D]
+        out = attention(q.transpose(1, 2), keys, vals, mask, causal)  # [B, nq, T, D]
         return self.o(out.transpose(1, 2).reshape(b, t, self.n_q * self.d))
 
 

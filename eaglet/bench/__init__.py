@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks: our plain and speculative decoding against transformers' generate."""

@@ -1,0 +1,49 @@
+"""Benchmark prompts: JSONL lines of OpenAI ``messages`` or ``{"prompt": ...}``; other keys ride along."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eaglet.chat import as_messages
+from eaglet.errors import EagletError
+
+BUILTIN = Path(__file__).resolve().parent.parent / "data" / "corpus" / "bench_prompts.jsonl"
+_PROMPT_KEYS = ("messages", "conversations", "prompt")
+
+
+@dataclass
+class BenchPrompt:
+    messages: list[dict]
+    meta: dict = field(default_factory=dict)  # every other key of the line (category, source, id, ...)
+    ids: list[int] = field(default_factory=list)
+
+    @property
+    def category(self) -> str | None:
+        c = self.meta.get("category")
+        return None if c is None else str(c)
+
+
+def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
+    """Prompts from a JSONL file, or the built-in bench set for ``builtin``."""
+    path = BUILTIN if spec == "builtin" else Path(spec).expanduser()
+    if not path.is_file():
+        raise EagletError(f"--prompts {spec}: no such file")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("a line must be a JSON object")
+            msgs = as_messages(record)
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            raise EagletError(f"{path}:{n}: {e}") from None
+        out.append(BenchPrompt(msgs, {k: v for k, v in record.items() if k not in _PROMPT_KEYS}))
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise EagletError(f"{path} holds no prompts")
+    return out

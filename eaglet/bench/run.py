@@ -1,0 +1,146 @@
+"""``eaglet bench``: every method on the same prompts in one process, then the report.
+
+Order: load the target (ours) and, when asked, transformers' copy and the draft; encode
+the prompts with the chat template; for each method a short warm-up (graph capture,
+allocator, lazy init) on the first batch, then the timed run over all prompts. The
+machine's load average is recorded before and after, since a shared CPU skews timings.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from eaglet.bench.methods import METHODS, HFRunner, Run, run_ours
+from eaglet.bench.prompts import load_prompts
+from eaglet.bench.report import build_report, table, write_json, write_png
+from eaglet.errors import EagletError
+from eaglet.sampling import SamplingParams
+
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str
+    draft: str
+    prompts: str
+    out: str
+    methods: tuple[str, ...] = METHODS
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    batch_size: int = 1
+    limit: int | None = None
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    max_context: int | None = None
+    tree: tuple[int | None, int | None, int | None] = (None, None, None)
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise EagletError(f"--methods {','.join(self.methods)}: choose from {','.join(METHODS)}")
+        if self.batch_size < 1:
+            raise EagletError(f"--batch-size must be >= 1, got {self.batch_size}")
+
+
+def _log(msg: str) -> None:
+    print(f"eaglet: {msg}", file=sys.stderr)
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run_bench(cfg: BenchConfig, target=None) -> dict:
+    """Run the bench; ``target`` may be passed in already loaded (tests)."""
+    from eaglet.chat import encode_chat
+    from eaglet.generate import PlainGenerator
+    from eaglet.loading import load_target
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    prompts = load_prompts(cfg.prompts, cfg.limit)
+    if target is None:
+        _log(f"loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})")
+        target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    for p in prompts:
+        p.ids = encode_chat(target.tokenizer, p.messages)
+    ids = [p.ids for p in prompts]
+
+    decisions: list[str] = []
+    generators, draft_path = {}, None
+    if "plain" in cfg.methods:
+        generators["plain"] = PlainGenerator(target, cfg.max_context)
+    if "spec" in cfg.methods:
+        from eaglet.spec import SpecEngine
+        from eaglet.spec.load import load_engine_draft, resolve_draft
+
+        draft_path = resolve_draft(cfg.draft, target)
+        if draft_path is None:
+            raise EagletError(f"no draft ships for {cfg.target}; pass --draft DIR or leave spec out of --methods")
+
+        def log(msg: str) -> None:
+            decisions.append(msg)
+            _log(msg)
+
+        generators["spec"] = SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context,
+                                        *cfg.tree, log=log)
+    hf = HFRunner(target, cfg.dtype, cfg.device) if {"hf", "hf-lookup"} & set(cfg.methods) else None
+
+    def run(method: str, batch: list[list[int]], p: SamplingParams) -> list[Run]:
+        if method in generators:
+            return run_ours(generators[method], batch, p, cfg.batch_size)
+        return hf.run(batch, p, cfg.batch_size, lookup=method == "hf-lookup")
+
+    load_before = _load()
+    runs: dict[str, list[Run]] = {}
+    warm = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
+    for m in cfg.methods:
+        _log(f"{m}: warm-up, then {len(ids)} prompts")
+        run(m, ids[: cfg.batch_size], warm)
+        runs[m] = run(m, ids, params)
+        tokens = sum(len(r.tokens) for r in runs[m])
+        seconds = sum({r.batch: r.seconds for r in runs[m]}.values())
+        _log(f"{m}: {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.2f} tok/s)")
+
+    texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
+    config = {
+        "target": cfg.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
+        "prompts": cfg.prompts, "num_prompts": len(ids), "methods": list(cfg.methods),
+        "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+        "top_k": cfg.top_k, "seed": cfg.seed, "batch_size": cfg.batch_size, "device": cfg.device,
+        "dtype": str(cfg.dtype).removeprefix("torch."), "tree_flags": list(cfg.tree), "spec_decisions": decisions,
+        "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "load_average_before": load_before, "load_average_after": _load(),
+        "gpu": torch.cuda.get_device_name() if torch.device(cfg.device).type == "cuda" else None,
+        "hf_lookup_batch_size": 1 if "hf-lookup" in cfg.methods else None,
+    }
+    report = build_report(config, prompts, runs, params.greedy, texts)
+    write_json(report, out)
+    write_png(report, out)
+    print(table(report))
+    print(f"report: {out / 'report.json'}, {out / 'report.png'}")
+    return report
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None

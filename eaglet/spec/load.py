@@ -1,0 +1,33 @@
+"""Which draft serves a target: the shipped default, none, or a directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eaglet.loading.target import Target
+
+DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
+
+
+def default_draft_path(target_name: str) -> Path | None:
+    """``eaglet/drafts/<target-name>/`` when a draft ships for this target, else None."""
+    path = DRAFTS_DIR / Path(str(target_name).rstrip("/")).name
+    return path if (path / "config.json").is_file() else None
+
+
+def resolve_draft(spec: str, target: Target) -> Path | None:
+    """'none' -> None; 'default' -> the shipped draft or None; anything else -> that directory."""
+    if spec == "none":
+        return None
+    if spec == "default":
+        return default_draft_path(target.name)
+    return Path(spec).expanduser()
+
+
+def load_engine_draft(path: Path, target: Target):
+    """The draft at ``path``, on the target's device and in its dtype."""
+    from eaglet.draft.checkpoint import load_draft
+
+    p = target.model.embed.weight
+    draft, _ = load_draft(path, target.config.num_layers, device=p.device, dtype=p.dtype)
+    return draft

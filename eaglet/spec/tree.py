@@ -1,0 +1,211 @@
+"""The draft tree: EAGLE-2's dynamic tree (Li et al., arXiv 2406.16858) grown by an EAGLE-3 draft.
+
+Growth. Step 0 reads the draft's output at the anchor (the last committed position)
+and proposes ``topk`` children of the root (the pending token, not yet in the target's
+cache). Each later step ``j`` runs the draft on the ``topk`` best depth-``j`` nodes (the
+frontier) and proposes ``topk`` children for each. After ``num_steps`` steps the
+``num_draft_tokens - 1`` best candidates by cumulative score, plus the root, go to
+verification. Candidates live in a pool laid out depth by depth, siblings in proposal
+order; selection is a stable sort, so a parent (score >= its child's, earlier in the
+pool) always precedes its child and the chosen set is closed under ancestors, and the
+chosen children of a node are always a prefix of its proposal order.
+
+Scores. Greedy: children are the draft's top-k, scored by log-probability. Sampling:
+children are a sample without replacement from the draft distribution ``q`` (Gumbel-top-k,
+Kool et al. 2019) and scored by ``min(log q + Gumbel, 0)``: the perturbed key orders the
+sample, its value is independent of which token it belongs to given the earlier
+siblings, and clamping at 0 keeps cumulative scores non-increasing along a path. So
+whether a sampled child is kept never depends on its own identity, which is what keeps
+recursive rejection sampling (accept.py) lossless over a best-first tree; ranking by
+the plain ``log q`` of sampled tokens would bias the output.
+
+Draft attention at a node sees the committed draft cache plus its own ancestors: step
+``j``'s frontier is written at draft slots ``lens + (j-1)*topk + i`` (scratch above the
+committed slots) at rotary position ``anchor + j``. Every shape is static per (batch,
+TreeConfig), so building a tree can be captured in one CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.sampling import SamplingParams, probs
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    num_steps: int  # draft steps = tree depth
+    topk: int  # children proposed per expanded node, and nodes expanded per step
+    num_draft_tokens: int  # nodes verified, root included
+
+    def __post_init__(self) -> None:
+        s, k, n = self.num_steps, self.topk, self.num_draft_tokens
+        for flag, v in (("--num-steps", s), ("--topk", k), ("--num-draft-tokens", n)):
+            if not isinstance(v, int) or v < 1:
+                raise EagletError(f"{flag} must be a positive integer, got {v}")
+        if k == 1 and n != s + 1:
+            raise EagletError(f"topk=1 drafts a chain of num_steps={s} tokens, so num_draft_tokens must be "
+                              f"{s + 1} (root included), got num_draft_tokens={n}")
+        if n < 2:
+            raise EagletError(f"num_draft_tokens={n} verifies no draft token; it must be at least 2")
+        if n > self.reachable:
+            raise EagletError(f"num_draft_tokens={n} exceeds the {self.reachable} nodes that num_steps={s} and "
+                              f"topk={k} can reach (1 + topk + (num_steps-1)*topk^2)")
+        if n - 1 < s:
+            raise EagletError(f"num_draft_tokens={n} reaches depth {n - 1} at most, below num_steps={s}; "
+                              f"lower num_steps or raise num_draft_tokens")
+
+    @property
+    def reachable(self) -> int:
+        """Root plus every candidate the growth can propose."""
+        return 1 + self.topk + (self.num_steps - 1) * self.topk ** 2
+
+    @property
+    def region(self) -> int:
+        """Draft-cache scratch slots the frontier steps write above the committed slots."""
+        return (self.num_steps - 1) * self.topk
+
+    @property
+    def noise_rows(self) -> int:
+        """Distributions sampled per tree: the root's, then one per frontier node."""
+        return 1 + (self.num_steps - 1) * self.topk
+
+    def describe(self) -> str:
+        return f"num_steps={self.num_steps} topk={self.topk} num_draft_tokens={self.num_draft_tokens}"
+
+
+@dataclass
+class Tree:
+    """One tree per batch row; node 0 is the root, nodes are in topological order."""
+
+    tokens: torch.Tensor  # [B, N] target token ids
+    parents: torch.Tensor  # [B, N] parent node (the root's is 0)
+    depth: torch.Tensor  # [B, N] root = 0
+    mask: torch.Tensor  # [B, N, N] node i sees node j iff j is i or an ancestor of i
+    valid: torch.Tensor  # [B, N] False for filler nodes (zero draft probability): never accepted
+    children: torch.Tensor  # [B, N, topk] child nodes in proposal order, -1 = none
+    q: torch.Tensor | None  # [B, N, Vd] draft distribution each node's children were sampled from (sampling)
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """parents [B, N] (root's parent = itself, node 0) -> [B, N, N] self-or-ancestor mask."""
+    b, n = parents.shape
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(b, n, n).clone()
+    cur = parents
+    for _ in range(max_depth):  # depth <= max_depth, so this reaches the root from every node
+        mask.scatter_(2, cur.unsqueeze(-1), True)
+        cur = parents.gather(1, cur)
+    return mask
+
+
+def gumbel(uniform: torch.Tensor) -> torch.Tensor:
+    return -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
+
+
+def propose(logits: torch.Tensor, k: int, params: SamplingParams, uniform: torch.Tensor | None):
+    """Children of each row of draft logits [..., Vd] -> (draft ids, score increments, q or None).
+
+    Greedy: top-k by log-probability. Sampling: k draws without replacement from
+    q = probs(logits, params) via Gumbel-top-k on ``uniform`` [..., Vd]; increments are the
+    perturbed keys clamped at 0 (-inf for draws outside q's support).
+    """
+    if params.greedy:
+        inc, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        return ids, inc, None
+    q = probs(logits, params)  # [..., Vd] float32
+    keys, ids = (torch.log(q) + gumbel(uniform)).topk(k, dim=-1)
+    return ids, keys.clamp(max=0.0), q
+
+
+def draft_meta(cache: KVCache, positions: torch.Tensor, slots: torch.Tensor, vis: torch.Tensor,
+               region: int, n_slots: int | None) -> AttnMeta:
+    """Draft metadata for frontier nodes: committed slots plus the region slots in ``vis`` [B, T, R]."""
+    lens = cache.lens.view(-1, 1)
+    s = n_slots if n_slots is not None else int(cache.lens.max()) + region
+    slot_ids = torch.arange(s, device=lens.device).view(1, s)
+    committed = (slot_ids < lens).unsqueeze(1)  # [B, 1, S]
+    rel = (slot_ids - lens).clamp(0, region - 1)  # [B, S]
+    in_region = ((slot_ids >= lens) & (slot_ids < lens + region)).unsqueeze(1)  # [B, 1, S]
+    tree_vis = vis.gather(2, rel.unsqueeze(1).expand(-1, vis.shape[1], -1)) & in_region  # [B, T, S]
+    return AttnMeta(positions, slots, (committed | tree_vis).unsqueeze(1))
+
+
+def build_tree(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVCache, cfg: TreeConfig,
+               params: SamplingParams, uniform: torch.Tensor | None = None, n_slots: int | None = None) -> Tree:
+    """Grow one tree per row from the draft's pre-norm output at the anchor.
+
+    seed [B, H]: draft output at the last committed anchor; roots [B]: the pending tokens;
+    cache: the draft's cache (``lens`` = committed anchors); uniform [B, noise_rows, Vd]
+    (sampling only): the randomness, drawn by the caller so this function can be graphed.
+    """
+    k, steps, n = cfg.topk, cfg.num_steps, cfg.num_draft_tokens
+    b, dev = seed.shape[0], seed.device
+    rows = torch.arange(b, device=dev).view(-1, 1)
+    max_pos = draft.rotary.cos.shape[0] - 1
+
+    # The pool: entry 0 is the root, then depth 1 (k entries), then k*k per later depth.
+    ids, inc, q0 = propose(draft.logits(seed), k, params, None if uniform is None else uniform[:, 0])
+    tokens = [roots.view(-1, 1), draft.to_target_ids(ids)]  # [B, 1], [B, k]
+    scores = [torch.zeros(b, 1, device=dev), inc]
+    parent = [torch.zeros(b, 1 + k, dtype=torch.long, device=dev)]
+    depth = [torch.zeros(b, 1, dtype=torch.long, device=dev), torch.ones(b, k, dtype=torch.long, device=dev)]
+    rank = [torch.zeros(b, 1, dtype=torch.long, device=dev), torch.arange(k, device=dev).expand(b, k)]
+    expanded, qs = [torch.zeros(b, 1, dtype=torch.long, device=dev)], [q0]  # pool ids with their child q
+
+    front = torch.arange(1, 1 + k, device=dev).expand(b, k)  # [B, k] pool ids of the frontier
+    front_tok, front_score, front_in = tokens[1], inc, seed.unsqueeze(1).expand(b, k, -1)
+    vis = torch.zeros(b, k, cfg.region, dtype=torch.bool, device=dev)  # [B, k, R]
+    lens = cache.lens.view(-1, 1)
+    base = 1 + k
+    for j in range(1, steps):
+        off = (j - 1) * k
+        own = (off + torch.arange(k, device=dev)).view(1, k, 1).expand(b, k, 1)
+        vis = vis.scatter(2, own, True)  # each frontier node sees itself
+        slots = lens + off + torch.arange(k, device=dev)  # [B, k]
+        pos = (lens - 1 + j).clamp(max=max_pos).expand(b, k)
+        meta = draft_meta(cache, pos, slots, vis, cfg.region, n_slots)
+        out = draft(front_in, embed(front_tok), meta, cache)  # [B, k, H]
+        u = None if uniform is None else uniform[:, 1 + off: 1 + off + k]
+        ids, inc, q = propose(draft.logits(out), k, params, u)  # [B, k, k]
+        expanded.append(front)
+        qs.append(q)
+        cand_tok = draft.to_target_ids(ids).reshape(b, k * k)
+        cand_score = (front_score.unsqueeze(-1) + inc).reshape(b, k * k)
+        tokens.append(cand_tok)
+        scores.append(cand_score)
+        parent.append(front.repeat_interleave(k, dim=1))
+        depth.append(torch.full((b, k * k), j + 1, dtype=torch.long, device=dev))
+        rank.append(torch.arange(k, device=dev).repeat(k).expand(b, k * k))
+        best = torch.sort(cand_score, dim=1, descending=True, stable=True).indices[:, :k]  # [B, k]
+        via = best // k  # which frontier node each new frontier node came from
+        front = base + best
+        front_tok, front_score = cand_tok.gather(1, best), cand_score.gather(1, best)
+        front_in = out[rows, via]  # [B, k, H]
+        vis = vis[rows, via]  # [B, k, R]: the parent's ancestors (and the parent)
+        base += k * k
+
+    tokens, scores = torch.cat(tokens, 1), torch.cat(scores, 1)  # [B, M+1]
+    parent, depth, rank = torch.cat(parent, 1), torch.cat(depth, 1), torch.cat(rank, 1)
+    # Best-first selection (stable: ties go to the shallower, earlier entry), then pool order.
+    chosen = torch.sort(scores[:, 1:], dim=1, descending=True, stable=True).indices[:, : n - 1] + 1
+    chosen = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=dev), chosen.sort(dim=1).values], 1)  # [B, N]
+    node_of = torch.full_like(tokens, n)  # pool id -> node index, n = not chosen
+    node_of.scatter_(1, chosen, torch.arange(n, device=dev).expand(b, n))
+    parents = node_of.gather(1, parent.gather(1, chosen))  # [B, N]
+    node_depth = depth.gather(1, chosen)
+    children = torch.full((b, n * k + 1), -1, dtype=torch.long, device=dev)  # last column: the root's dump
+    flat = torch.where(node_depth > 0, parents * k + rank.gather(1, chosen), n * k)
+    children.scatter_(1, flat, torch.arange(n, device=dev).expand(b, n))
+    q = None
+    if not params.greedy:
+        exp_ids, exp_q = torch.cat(expanded, 1), torch.cat([qs[0].unsqueeze(1), *qs[1:]], 1)  # [B, E], [B, E, Vd]
+        q = torch.zeros(b, n + 1, exp_q.shape[-1], device=dev)
+        q[rows, node_of.gather(1, exp_ids)] = exp_q  # unchosen expanded nodes land in row n
+        q = q[:, :n]
+    return Tree(tokens=tokens.gather(1, chosen), parents=parents, depth=node_depth,
+                mask=ancestor_mask(parents, steps), valid=scores.gather(1, chosen) > float("-inf"),
+                children=children[:, : n * k].view(b, n, k), q=q)

@@ -1,0 +1,104 @@
+"""``eaglet bench`` and ``eaglet generate --draft`` end to end on a tiny chat model (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eaglet.bench.prompts import load_prompts
+from eaglet.bench.report import acceptance_by_position
+from eaglet.cli import main
+from eaglet.errors import EagletError
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": "the quick brown fox"}], "category": "chat", "id": "a"},
+        {"prompt": "def f(x):", "category": "code", "id": "b"},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2 + 2"}],
+         "category": "math", "id": "c"},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_bench_all_methods(chat_model_dir, draft_dir, prompts_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["bench", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompts", str(prompts_file),
+               "--max-new-tokens", "12", "--batch-size", "2", "--out", str(out),
+               "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "6"])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.png").stat().st_size > 10_000
+    assert set(report["methods"]) == {"plain", "spec", "hf", "hf-lookup"}
+    for m, s in report["methods"].items():
+        assert s["tokens"] > 0 and s["tokens_per_s"] > 0 and s["median_prompt_tokens_per_s"] > 0, m
+    spec = report["methods"]["spec"]
+    assert spec["accept_length"] >= 1 and spec["verifies"] > 0
+    assert report["identical_to_plain"]["spec"]["all"]
+    assert {"spec_over_plain", "spec_over_hf", "plain_over_hf"} <= set(report["speedup"])
+    assert set(report["by_category"]) == {"chat", "code", "math"}
+    assert report["prompts"][1]["id"] == "b" and report["prompts"][1]["category"] == "code"
+    assert report["config"]["hf_lookup_batch_size"] == 1
+    printed = capsys.readouterr().out
+    assert "spec over plain" in printed and "method" in printed
+
+
+def test_bench_plain_and_hf_only(chat_model_dir, prompts_file, tmp_path):
+    out = tmp_path / "out"
+    assert main(["bench", "--target", str(chat_model_dir), "--prompts", str(prompts_file), "--max-new-tokens", "8",
+                 "--methods", "plain,hf", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["methods"]) == {"plain", "hf"} and report["config"]["draft"] is None
+    assert report["identical_to_plain"]["hf"]["all"], "float32 transformers greedy = ours at batch 1"
+
+
+def test_bench_spec_without_draft_is_an_error(chat_model_dir, prompts_file, tmp_path, capsys):
+    rc = main(["bench", "--target", str(chat_model_dir), "--prompts", str(prompts_file), "--methods", "spec",
+               "--out", str(tmp_path)])
+    assert rc == 2 and "no draft ships" in capsys.readouterr().err
+
+
+def test_bad_prompt_lines(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"nothing": 1}\n')
+    with pytest.raises(EagletError, match=r"bad.jsonl:2: expected a 'messages'"):
+        load_prompts(str(bad))
+    bad.write_text('{"prompt": "ok"}\nnot json\n')
+    with pytest.raises(EagletError, match=r"bad.jsonl:2:"):
+        load_prompts(str(bad))
+    assert len(load_prompts("builtin", limit=5)) == 5
+
+
+def test_acceptance_by_position():
+    assert acceptance_by_position([1, 2, 3, 3]) == [0.75, 0.5]
+    assert acceptance_by_position([]) == []
+
+
+def test_generate_with_draft_json(chat_model_dir, draft_dir, capsys):
+    rc = main(["generate", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompt", "the fox",
+               "--max-new-tokens", "10", "--json", "--num-steps", "2", "--topk", "2", "--num-draft-tokens", "4"])
+    assert rc == 0
+    cap = capsys.readouterr()
+    result = json.loads(cap.out.strip().splitlines()[-1])
+    assert result["draft"] == str(draft_dir) and result["accept_length"] >= 1
+    assert result["completion_tokens"] > 0 and "tokens_per_s" in result
+    assert "tree num_steps=2 topk=2 num_draft_tokens=4 (as given)" in cap.err
+    rc = main(["generate", "--target", str(chat_model_dir), "--draft", "none", "--prompt", "the fox",
+               "--max-new-tokens", "10", "--json"])
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plain["text"] == result["text"] and plain["accept_length"] is None
+
+
+def test_generate_default_draft_missing_falls_back(chat_model_dir, capsys):
+    rc = main(["generate", "--target", str(chat_model_dir), "--prompt", "hi", "--max-new-tokens", "4", "--json"])
+    assert rc == 0 and "no default draft ships" in capsys.readouterr().err
+
+
+def test_generate_partial_tree_flags(chat_model_dir, draft_dir, capsys):
+    rc = main(["generate", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompt", "hi",
+               "--num-steps", "4"])
+    assert rc == 2 and "missing: --topk, --num-draft-tokens" in capsys.readouterr().err

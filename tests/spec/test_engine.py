@@ -1,0 +1,210 @@
+"""SpecEngine: greedy equivalence with plain decoding, cache consistency after rollback, stops, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.generate import PlainGenerator
+from eaglet.sampling import SamplingParams
+from eaglet.spec import SpecEngine
+from eaglet.spec.drafting import draft_prefill
+from eaglet.spec.verify import prefill
+from tests.spec.conftest import random_draft
+
+TREES = {"chain": (4, 1, 5), "tree": (4, 3, 12), "wide": (3, 4, 21), "one-step": (1, 3, 4)}
+CONTEXT = 160
+
+
+def prompts_of(lengths, vocab=64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def spec(target, draft, tree, **kw):
+    return SpecEngine(target, draft, CONTEXT, *TREES[tree], adaptive=False, log=lambda _: None, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain_out(agreeing):
+    target, _ = agreeing
+    prompts = prompts_of([7, 12, 3, 9])
+    out = PlainGenerator(agreeing[0], CONTEXT).generate(prompts, SamplingParams(max_new_tokens=48))
+    return prompts, out
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_greedy_identical_to_plain(agreeing, plain_out, tree):
+    target, draft = agreeing
+    prompts, plain = plain_out
+    eng = spec(target, draft, tree)
+    for batch in ([prompts[0]], prompts):  # batch 1, and 4 rows of different lengths
+        out = eng.generate(batch, SamplingParams(max_new_tokens=48))
+        for o, p in zip(out, plain):
+            assert o.tokens == p.tokens
+            assert sum(o.accept_lengths) >= len(o.tokens) - 1  # root token comes from the prefill
+    lengths = [a for o in out for a in o.accept_lengths]
+    assert max(lengths) >= min(3, TREES[tree][0] + 1) and min(lengths) == 1, "acceptance should be partial"
+
+
+@pytest.mark.parametrize("tree", ["chain", "wide"])
+def test_greedy_identical_with_static_shapes(agreeing, plain_out, tree):
+    """The CUDA-graph layout (every step attends over the whole cache, n_slots = capacity), run eagerly."""
+    target, draft = agreeing
+    prompts, plain = plain_out
+    out = spec(target, draft, tree, static_shapes=True).generate(prompts, SamplingParams(max_new_tokens=48))
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+
+
+def test_greedy_identical_with_random_draft(target):
+    """A draft that (almost) never agrees: every verify emits one token, still the plain output."""
+    draft = random_draft(target, seed=5, draft_vocab=40)
+    prompts = prompts_of([5, 11])
+    params = SamplingParams(max_new_tokens=20)
+    plain = PlainGenerator(target, CONTEXT).generate(prompts, params)
+    out = spec(target, draft, "tree").generate(prompts, params)
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+
+
+def _reference_caches(target, draft, prompt, tokens):
+    """Caches of a from-scratch prefill of prompt + tokens[:-1] (tokens[-1] pending)."""
+    seq = prompt + tokens[:-1]
+    tc, dc = target.model.new_cache(1, CONTEXT), draft.new_cache(1, CONTEXT)
+    _, aux = prefill(target.model, tc, [seq], draft.config.capture.points)
+    draft_prefill(draft, target.model.embed, dc, [seq], aux, torch.tensor(tokens[-1:]))
+    return tc, dc
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("tree", ["chain", "tree"])
+def test_caches_after_partial_acceptance_match_a_fresh_prefill(agreeing, tree):
+    """Rollback: after many partially accepted trees, both caches hold exactly the committed tokens.
+
+    The target cache must equal a prefill of the emitted sequence, and the draft cache the
+    anchors computed from real target features (not the tree's draft-fed entries).
+    """
+    target, draft = agreeing
+    prompts = prompts_of([6, 13], seed=4)
+    eng = spec(target, draft, tree)
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=40))
+    tcache, dcache = eng._caches[2]
+    for row, (p, o) in enumerate(zip(prompts, out)):
+        n = int(tcache.lens[row])
+        assert n == int(dcache.lens[row]) and len(p) < n <= len(p) + len(o.tokens)
+        ref_t, ref_d = _reference_caches(target, draft, p, o.tokens[: n - len(p) + 1])
+        for got, ref in ((tcache, ref_t), (dcache, ref_d)):
+            for a, b in zip(got.k + got.v, ref.k + ref.v):
+                torch.testing.assert_close(a[row, :, :n], b[0, :, :n], atol=1e-4, rtol=1e-4)
+
+
+def _with_eos(target, eos: int):
+    return dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=(eos,)))
+
+
+@pytest.mark.parametrize("tree", ["chain", "tree"])
+def test_stops_match_plain(agreeing, plain_out, tree):
+    target, draft = agreeing
+    prompts, plain = plain_out
+    toks = plain[1].tokens
+    cases = [
+        (_with_eos(target, toks[20]), SamplingParams(max_new_tokens=48)),  # EOS
+        (target, SamplingParams(max_new_tokens=48, stop=(target.tokenizer.decode(toks[14:16]),))),  # stop string
+        (target, SamplingParams(max_new_tokens=17)),  # length
+    ]
+    for (tgt, params), reason in zip(cases, ["stop", "stop", "length"]):
+        ref = PlainGenerator(tgt, CONTEXT).generate(prompts, params)
+        got = spec(tgt, draft, tree).generate(prompts, params)
+        assert [(o.tokens, o.finish_reason) for o in got] == [(o.tokens, o.finish_reason) for o in ref]
+        assert got[1].finish_reason == reason
+
+
+def test_eos_is_dropped_and_row_stops(agreeing, plain_out):
+    target, draft = agreeing
+    prompts, plain = plain_out
+    eos = plain[1].tokens[20]
+    out = spec(_with_eos(target, eos), draft, "tree").generate(prompts, SamplingParams(max_new_tokens=48))
+    assert out[1].finish_reason == "stop" and eos not in out[1].tokens
+    assert out[1].tokens == plain[1].tokens[: plain[1].tokens.index(eos)]
+
+
+def test_context_limit_matches_plain(agreeing):
+    target, draft = agreeing
+    prompts = prompts_of([30, 8], seed=7)
+    params = SamplingParams(max_new_tokens=200)
+    ref = [PlainGenerator(target, 48).generate([p], params)[0] for p in prompts]  # batch 1: see the report
+    got = SpecEngine(target, draft, 48, *TREES["tree"], adaptive=False, log=lambda _: None).generate(prompts, params)
+    assert [o.tokens for o in got] == [o.tokens for o in ref]
+    assert len(got[0].tokens) == 48 - 30
+
+
+def test_streaming_matches_tokens(agreeing):
+    target, draft = agreeing
+    seen = {0: [], 1: []}
+    out = spec(target, draft, "tree").generate(prompts_of([5, 9]), SamplingParams(max_new_tokens=30),
+                                               on_token=lambda r, t: seen[r].append(t))
+    assert [seen[0], seen[1]] == [o.tokens for o in out]
+
+
+def test_policy_falls_back_to_plain_when_slower(target):
+    """With a draft that never agrees, the automatic policy measures and drops to plain decoding."""
+    draft = random_draft(target, seed=9, draft_vocab=40)
+    logs = []
+    eng = SpecEngine(target, draft, CONTEXT, log=logs.append)
+    prompts = prompts_of([5, 8])
+    params = SamplingParams(max_new_tokens=40)
+    out = eng.generate(prompts, params)
+    assert [o.tokens for o in out] == [o.tokens for o in PlainGenerator(target, CONTEXT).generate(prompts, params)]
+    assert "automatic for cpu batch 2" in logs[0]
+    assert any("switching to" in m for m in logs)
+    assert eng.policy.tree(2) is None or eng.policy._rung[2] > 0
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_steps=3), "missing: --topk, --num-draft-tokens"),
+    (dict(num_steps=3, topk=2), "missing: --num-draft-tokens"),
+    (dict(num_steps=3, topk=1, num_draft_tokens=5), "topk=1"),
+    (dict(num_steps=2, topk=50, num_draft_tokens=10), "topk=50 exceeds the draft vocabulary"),
+])
+def test_engine_config_errors(target, kw, match):
+    draft = random_draft(target, draft_vocab=40)
+    with pytest.raises(EagletError, match=match):
+        SpecEngine(target, draft, CONTEXT, log=lambda _: None, **kw)
+
+
+def test_draft_for_another_target_is_refused(target, tmp_path):
+    from tests.spec.conftest import tiny_target
+
+    other = tiny_target(tmp_path, vocab=64, layers=4)
+    with pytest.raises(EagletError, match="draft was built for a target"):
+        SpecEngine(target, random_draft(other), CONTEXT, log=lambda _: None)
+
+
+def test_prompt_longer_than_context(agreeing):
+    target, draft = agreeing
+    with pytest.raises(EagletError, match="the prompt has 200 tokens"):
+        spec(target, draft, "chain").generate([[1] * 200], SamplingParams())
+
+
+def test_policy_ladder_and_step_down():
+    from eaglet.spec.policy import WINDOW, BatchPolicy
+    from eaglet.spec.tree import TreeConfig
+
+    logs = []
+    pol = BatchPolicy("cuda", None, True, logs.append)
+    assert pol.tree(3) == TreeConfig(5, 4, 24) and "automatic for cuda batch 3" in logs[0]
+    pol.plain_step_s[3] = 1.0
+    for _ in range(WINDOW + 1):  # 3 rows emit 2 tokens each per 2.5 s: plain would take 2 s
+        pol.observe(3, 2.5, 6, 3)
+    assert pol.tree(3) == TreeConfig(5, 4, 16) and "ran at 0.80x plain decoding" in logs[-1]
+    for _ in range(WINDOW + 1):  # faster than plain: stays
+        pol.observe(3, 1.5, 6, 3)
+    assert pol.tree(3) == TreeConfig(5, 4, 16)
+    fixed = BatchPolicy("cpu", TreeConfig(3, 1, 4), True, logs.append)
+    assert fixed.tree(1) == TreeConfig(3, 1, 4) and logs[-1].endswith("(as given)")
+    fixed.plain_step_s[1] = 1.0
+    for _ in range(WINDOW + 1):
+        fixed.observe(1, 3.0, 1, 1)
+    assert fixed.tree(1) is None and logs[-1].endswith("switching to plain decoding")

@@ -1,0 +1,18 @@
+from tests.conftest import make_hf_model, save_and_load
+
+
+def test_finished_rows_do_not_overflow_the_cache(tmp_path):
+    """A row that hits the context limit while another keeps going must not overflow."""
+    from eaglet.generate import PlainGenerator
+    from eaglet.loading.target import Target
+    from eaglet.sampling import SamplingParams
+
+    hf = make_hf_model("llama", seed=0)
+    model, cfg = save_and_load(hf, tmp_path)
+    target = Target(model, None, cfg, "tiny", tmp_path)
+    gen = PlainGenerator(target, max_context=48)
+    long, short = list(range(3, 33)), list(range(3, 11))
+    out = gen.generate([long, short], SamplingParams(max_new_tokens=200))
+    assert [len(long) + len(out[0].tokens), len(short) + len(out[1].tokens)] == [48, 48]
+    alone = PlainGenerator(target, max_context=48).generate([short], SamplingParams(max_new_tokens=200))
+    assert out[1].tokens == alone[0].tokens
