@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default="default",
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result on the last line")
+    _add_spec_options(g)
+    _add_bench_parser(sub)
+    _add_training_parsers(sub)
     return parser
 
 
@@ -66,12 +69,10 @@ def cmd_generate(args) -> int:
     device, dtype = _device_dtype(args)
     print(f"eaglet: loading {args.target} on {device} ({str(dtype).removeprefix('torch.')})", file=sys.stderr)
     target = load_target(args.target, dtype=dtype, device=device)
-    if args.draft not in ("none", "default"):
-        raise EagletError("speculative decoding with a draft directory is not available yet; use --draft none")
-    if args.draft == "default":
-        print(f"eaglet: no default draft ships for {args.target}; plain decoding", file=sys.stderr)
     prompt = encode_chat(target.tokenizer, [{"role": "user", "content": args.prompt}])
-    gen = PlainGenerator(target, args.max_context)
+    gen, draft_path = _spec_generator(args, target)
+    if gen is None:
+        gen = PlainGenerator(target, args.max_context)
     streamer = TextStreamer(target.tokenizer, skip_special_tokens=True)
     import torch
 
@@ -86,12 +87,276 @@ def cmd_generate(args) -> int:
             "finish_reason": done.finish_reason,
             "seconds": round(done.seconds, 4),
             "tokens_per_s": round(done.tokens_per_s, 2),
-            "draft": None,
+            "draft": str(draft_path) if draft_path else None,
+            "accept_length": round(sum(done.accept_lengths) / len(done.accept_lengths), 3)
+            if done.accept_lengths else None,
         }))
     return 0
 
 
-COMMANDS = {"generate": cmd_generate}
+# --- speculative decoding: generate --draft, bench -----------------------------------------------------------
+
+
+def _add_spec_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-steps", type=int, default=None, help="draft steps = tree depth (default: automatic)")
+    p.add_argument("--topk", type=int, default=None, help="children per expanded node (default: automatic)")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="tree nodes verified, root included (default: automatic); set all three or none")
+
+
+def _spec_generator(args, target):
+    """(SpecEngine or None for plain decoding, the draft's path) for --draft default|none|PATH."""
+    from eaglet.spec.load import load_engine_draft, resolve_draft
+
+    path = resolve_draft(args.draft, target)
+    if path is None:
+        if args.draft == "default":
+            print(f"eaglet: no default draft ships for {args.target}; plain decoding", file=sys.stderr)
+        return None, None
+    from eaglet.spec import SpecEngine
+
+    print(f"eaglet: draft {path}", file=sys.stderr)
+    engine = SpecEngine(target, load_engine_draft(path, target), args.max_context, args.num_steps, args.topk,
+                        args.num_draft_tokens)
+    return engine, path
+
+
+def _add_bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="side-by-side speed: plain, speculative, transformers generate, prompt lookup")
+    _add_target(b)
+    b.add_argument("--draft", default="default", help="'default' (the target's shipped draft) or a draft directory")
+    b.add_argument("--prompts", default="builtin",
+                   help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts)")
+    b.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    b.add_argument("--max-new-tokens", type=int, default=256)
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    b.add_argument("--top-p", type=float, default=1.0)
+    b.add_argument("--top-k", type=int, default=0, help="0 = off")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (ours and hf)")
+    b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
+    b.add_argument("--out", required=True, help="directory for report.json and report.png")
+    _add_spec_options(b)
+
+
+def cmd_bench(args) -> int:
+    from eaglet.bench.run import BenchConfig, run_bench
+
+    device, dtype = _device_dtype(args)
+    cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, out=args.out,
+                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                      top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
+                      device=device, dtype=dtype, max_context=args.max_context,
+                      tree=(args.num_steps, args.topk, args.num_draft_tokens))
+    run_bench(cfg)
+    return 0
+
+
+# --- training: eaglet data regenerate | data capture | train | draft import ----------------------------------
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_train_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m",
+                   help="embedded model name, HF model directory, or .gguf file (default: smollm2-135m)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the target's dtype (default: float32 on CPU, bfloat16 on CUDA)")
+
+
+def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
+    p.add_argument(batch_flag, dest="regen_batch_size", type=int, default=256, help="prompts decoded together")
+    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped and counted")
+    p.add_argument("--max-samples", type=int, default=None, help="regenerate at most this many training prompts")
+    p.add_argument("--max-val-samples", type=int, default=None, help="and at most this many validation prompts")
+
+
+def _add_training_parsers(sub) -> None:
+    data = sub.add_parser("data", help="training data: regenerate answers with the target, capture features")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    r = dsub.add_parser("regenerate", help="the target answers the prompts itself (self-distillation); resumable")
+    _add_train_target(r)
+    r.add_argument("--data", required=True, help="'builtin' (the prompt corpus) or JSONL files, comma-separated")
+    r.add_argument("--split", choices=["train", "val", "all"], default="all")
+    r.add_argument("--out", required=True, help="output JSONL; finished records are appended, a rerun resumes")
+    _add_regen_options(r, "--batch-size")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--time-budget-min", type=float, default=None, help="stop after the batch running at this time")
+
+    c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded")
+    _add_train_target(c)
+    c.add_argument("--data", required=True, help="JSONL with assistant answers (e.g. from `data regenerate`)")
+    c.add_argument("--split", choices=["train", "val", "all"], default="all")
+    c.add_argument("--out", required=True, help="feature directory (resumes per shard)")
+    c.add_argument("--capture", type=_ints, default=None, help="points in eaglet's convention (default: EAGLE-3's)")
+    c.add_argument("--shard-samples", type=int, default=512, help="conversations per shard")
+    c.add_argument("--batch-tokens", type=int, default=16384)
+    c.add_argument("--max-len", type=int, default=None, help="tokens per conversation (default: 2048 or the window)")
+    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+
+    t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint")
+    _add_train_target(t)
+    t.add_argument("--data", default="builtin", help="JSONL with answers, or 'builtin' / prompts with --regenerate")
+    t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
+    t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
+    _add_regen_options(t, "--regen-batch-size")
+    t.add_argument("--regen-budget-min", type=float, default=None,
+                   help="time for regeneration (default: half of --time-budget-min)")
+    t.add_argument("--features", default=None, help="offline feature directory (`data capture`) instead of online")
+    t.add_argument("--val-features", default=None, help="offline features for validation")
+    t.add_argument("--val-fraction", type=float, default=0.02, help="held out when records carry no split")
+    t.add_argument("--time-budget-min", type=float, default=None,
+                   help="whole-command budget; training stops in time to validate and export")
+    t.add_argument("--ttt-steps", type=int, default=7)
+    t.add_argument("--decay", type=float, default=0.8, help="loss weight decay**j of draft step j")
+    t.add_argument("--lr", type=float, default=5e-4)
+    t.add_argument("--min-lr-ratio", type=float, default=0.05)
+    t.add_argument("--warmup-steps", type=int, default=50)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--grad-clip", type=float, default=0.5)
+    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch and rank")
+    t.add_argument("--max-len", type=int, default=None, help="tokens per conversation (default: 2048 or the window)")
+    t.add_argument("--draft-vocab-size", type=int, default=None, help="default: largest with a 16 MiB bf16 LM head")
+    t.add_argument("--capture", type=_ints, default=None, help="points in eaglet's convention (default: EAGLE-3's)")
+    t.add_argument("--save-every", type=int, default=250)
+    t.add_argument("--val-every", type=int, default=250)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-autocast", action="store_true", help="no bf16 autocast on CUDA")
+    t.add_argument("--tensorboard", action="store_true", help="also log to OUT/tensorboard (needs tensorboard)")
+
+    d = sub.add_parser("draft", help="draft checkpoints")
+    dd = d.add_subparsers(dest="draft_command", required=True)
+    i = dd.add_parser("import", help="re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft")
+    i.add_argument("src")
+    i.add_argument("out")
+    _add_train_target(i)
+    i.add_argument("--capture-ids", type=_ints, default=None, help="layer ids, in --convention")
+    i.add_argument("--convention", choices=["eaglet", "vllm", "sglang", "specforge"], default=None,
+                   help="how --capture-ids count (sglang/specforge: output of layer i = eaglet point i+1)")
+
+
+def _load_for_training(args, device):
+    import torch
+
+    from eaglet.loading import load_target
+
+    name = args.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
+    print(f"eaglet: loading {args.target} on {device} ({name})", file=sys.stderr)
+    return load_target(args.target, dtype=getattr(torch, name), device=device)
+
+
+def _split(args) -> str | None:
+    return None if args.split == "all" else args.split
+
+
+def cmd_data(args) -> int:
+    import time
+    from pathlib import Path
+
+    from eaglet.data.prompts import load_conversations
+    from eaglet.train.dist import init_distributed
+
+    dist = init_distributed(args.device)
+    if dist.enabled:
+        raise EagletError("`eaglet data` runs as one process; under torchrun use `eaglet train --regenerate`")
+    dev = dist.device
+    if args.data_command == "regenerate":
+        from eaglet.data.regenerate import regenerate
+        from eaglet.train.pipeline import RegenConfig, capped
+
+        convs = capped(load_conversations(args.data, _split(args)), args.max_samples, args.seed)
+        rc = RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
+                         args.max_prompt_tokens, seed=args.seed)
+        deadline = time.time() + 60 * args.time_budget_min if args.time_budget_min else None
+        target = _load_for_training(args, dev)
+        stats = regenerate(target, convs, Path(args.out), rc.params(), rc.batch_size, rc.max_prompt_tokens,
+                           seed=args.seed, deadline=deadline)
+        print(json.dumps({"out": args.out, **vars(stats)}))
+        return 0
+    from eaglet.data.dataset import TokenData
+    from eaglet.data.features import capture_features
+    from eaglet.data.template import tokenize_conversations
+    from eaglet.train.pipeline import eos_ids
+    from eaglet.train.trainer import TrainConfig
+
+    target = _load_for_training(args, dev)
+    convs = [c for c in load_conversations(args.data, _split(args)) if c.has_answer]
+    if not convs:
+        raise EagletError(f"{args.data} holds no assistant answers; run `eaglet data regenerate` first")
+    tc = TrainConfig(capture_points=args.capture, max_len=args.max_len)
+    max_len = tc.seq_len(target.config.max_position_embeddings)
+    items = [t for t in tokenize_conversations(target.tokenizer, convs, eos_ids(target), max_len) if t]
+    capture = tc.capture(target.config.num_layers)
+    import torch
+
+    written = capture_features(target, TokenData.from_tokenized(items), Path(args.out), capture, args.shard_samples,
+                               args.batch_tokens, getattr(torch, args.feature_dtype))
+    print(json.dumps({"out": args.out, "conversations": len(items), "shards_written": written,
+                      "capture": list(capture.points)}))
+    return 0
+
+
+def cmd_train(args) -> int:
+    import time
+    from pathlib import Path
+
+    from eaglet.train.dist import init_distributed
+    from eaglet.train.pipeline import RegenConfig, run_train
+    from eaglet.train.trainer import TrainConfig
+
+    cfg = TrainConfig(ttt_steps=args.ttt_steps, decay=args.decay, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
+                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens,
+                      max_len=args.max_len, draft_vocab_size=args.draft_vocab_size, capture_points=args.capture,
+                      save_every=args.save_every, val_every=args.val_every, seed=args.seed,
+                      autocast=False if args.no_autocast else None, tensorboard=args.tensorboard)
+    regen = None
+    if args.regenerate:
+        regen = RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
+                            args.max_prompt_tokens, args.max_samples, args.max_val_samples, args.seed)
+    start = time.time()  # --time-budget-min covers loading the target too
+    dist = init_distributed(args.device)
+    target = _load_for_training(args, dist.device)
+    budget = 60 * args.time_budget_min if args.time_budget_min else None
+    regen_budget = 60 * args.regen_budget_min if args.regen_budget_min else None
+    result = run_train(target, args.data, Path(args.out), cfg, dist, regen, args.features, args.val_features,
+                       args.val_fraction, budget, regen_budget, start)
+    if dist.main:
+        result.pop("config")
+        print(json.dumps({"draft": str(Path(args.out) / "draft"), **result}))
+    return 0
+
+
+def cmd_draft(args) -> int:
+    from eaglet.draft.compat import import_draft
+    from eaglet.train.dist import init_distributed
+
+    target = _load_for_training(args, init_distributed(args.device).device)
+    if args.capture_ids is not None and args.convention is None:
+        raise EagletError("--capture-ids needs --convention (eaglet, vllm, sglang or specforge)")
+    spec = import_draft(args.src, args.out, target, list(args.capture_ids) if args.capture_ids else None,
+                        args.convention)
+    print(json.dumps({"out": args.out, "capture_points": list(spec.points), "convention": "eaglet"}))
+    return 0
+
+
+# --- end of training commands -------------------------------------------------------------------------------
+
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
+COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
 
 
 def main(argv: list[str] | None = None) -> int:

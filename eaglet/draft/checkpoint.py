@@ -58,8 +58,13 @@ def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
 
 
 def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
-               dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
-    """Write the draft atomically: a temp directory renamed over ``path``."""
+               dtype: torch.dtype = torch.bfloat16, extra: dict | None = None,
+               max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """Write the draft atomically: a temp directory renamed over ``path``.
+
+    Shards hold at most ``max_shard_bytes`` (16 MiB by default, so a small target's draft
+    travels through size-limited channels); a large target's draft needs a larger limit.
+    """
     path = Path(path)
     tensors = {k: v.detach().to("cpu") for k, v in draft.state_dict().items()}
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
@@ -67,10 +72,10 @@ def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
     size = 0
     for name, t in tensors.items():
         n = t.numel() * t.element_size()
-        if n > MAX_SHARD_BYTES:
-            raise EagletError(f"draft tensor {name} is {n >> 20} MiB, over the 16 MiB shard limit; "
-                              "use a smaller draft vocabulary or bfloat16")
-        if size + n > MAX_SHARD_BYTES:
+        if n > max_shard_bytes:
+            raise EagletError(f"draft tensor {name} is {n >> 20} MiB, over the {max_shard_bytes >> 20} MiB shard "
+                              "limit; use a smaller draft vocabulary or bfloat16")
+        if size + n > max_shard_bytes:
             shards.append({})
             size = 0
         shards[-1][name] = t
@@ -107,7 +112,8 @@ def read_capture(cfg: dict, num_layers: int, ids: list[int] | None = None,
     if ours is not None:
         spec = CaptureSpec.from_json(ours)
         if spec.num_layers != num_layers:
-            raise EagletError(f"the draft was trained for a {spec.num_layers}-layer target, this target has {num_layers}")
+            raise EagletError(f"the draft was trained for a {spec.num_layers}-layer target; "
+                              f"this target has {num_layers}")
         if theirs is not None and CaptureSpec.from_ids(theirs, "sglang", num_layers) != spec:
             raise EagletError(f"the draft's capture points {list(spec.points)} disagree with its "
                               f"eagle_aux_hidden_state_layer_ids {theirs}")
@@ -148,7 +154,8 @@ def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "
         draft = Eagle3Draft(c)
     missing = set(draft.state_dict()) - set(state)
     if "d2t" in missing and c.draft_vocab_size == c.vocab_size:  # full vocabulary: identity mapping
-        state["d2t"], state["t2d"] = torch.zeros(c.vocab_size, dtype=torch.long), torch.ones(c.vocab_size, dtype=torch.bool)
+        state["d2t"] = torch.zeros(c.vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(c.vocab_size, dtype=torch.bool)
         missing -= {"d2t", "t2d"}
     if missing:
         raise EagletError(f"{path} lacks draft tensors: {', '.join(sorted(missing))}")

@@ -46,7 +46,8 @@ def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     gguf, r = _reader(path)
     arch = _field(r, "general.architecture")
     if arch not in _ARCH:
-        raise EagletError(f"unsupported architecture '{arch}' in {path.name}: eaglet reads llama, mistral, qwen2, qwen3")
+        raise EagletError(f"unsupported architecture '{arch}' in {path.name}: "
+                          "eaglet reads llama, mistral, qwen2, qwen3")
     heads = int(_field(r, f"{arch}.attention.head_count"))
     kv_heads = int(_field(r, f"{arch}.attention.head_count_kv", heads))
     hidden = int(_field(r, f"{arch}.embedding_length"))

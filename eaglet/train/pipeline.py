@@ -1,0 +1,141 @@
+"""From prompts to an exported draft in one call: regenerate, tokenize, train.
+
+``run_train`` is what ``eaglet train`` runs. With ``regen`` set, the target first
+answers the prompts (validation prompts first, so a time budget never leaves the run
+without validation data) into ``out/regenerated*.jsonl``; then the conversations are
+tokenized once (cached in ``out/tokens-{train,val}.safetensors``, shared by DDP ranks
+and resumed runs) and the trainer runs on what the remaining time allows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from eaglet.data.dataset import TokenData
+from eaglet.data.features import FeatureSet
+from eaglet.data.prompts import BUILTIN, Conversation, load_conversations, note, split_train_val
+from eaglet.data.regenerate import regenerate
+from eaglet.data.template import tokenize_conversations
+from eaglet.errors import EagletError
+from eaglet.loading.target import Target
+from eaglet.sampling import SamplingParams
+from eaglet.train.dist import SINGLE_PROCESS, DistInfo, barrier
+from eaglet.train.trainer import TrainConfig, Trainer
+
+
+@dataclass(frozen=True)
+class RegenConfig:
+    batch_size: int = 256
+    max_new_tokens: int = 384
+    temperature: float = 0.0  # greedy: the data tokens are the target's own argmax choices
+    top_p: float = 1.0
+    max_prompt_tokens: int = 1024
+    max_samples: int | None = None  # cap on training prompts
+    max_val_samples: int | None = None
+    seed: int = 0
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, 0, self.max_new_tokens, self.seed)
+
+
+def eos_ids(target: Target) -> set[int]:
+    ids = set(target.config.eos_token_ids)
+    if target.tokenizer.eos_token_id is not None:
+        ids.add(target.tokenizer.eos_token_id)
+    return ids
+
+
+def capped(convs: list[Conversation], n: int | None, seed: int) -> list[Conversation]:
+    if n is None or n >= len(convs):
+        return convs
+    return random.Random(seed).sample(convs, n)
+
+
+def regenerate_run(target: Target, data: str, out: Path, rc: RegenConfig, dist: DistInfo,
+                   deadline: float | None, val_fraction: float, progress: bool = True) -> str:
+    """Regenerate answers for ``data``'s prompts into ``out``; returns the comma-joined output files."""
+    train, val = split_train_val(load_conversations(data), val_fraction)
+    name = "regenerated.jsonl" if dist.world == 1 else f"regenerated-{dist.rank}.jsonl"
+    others = [p for p in out.glob("regenerated*.jsonl") if p.name != name]
+    # Validation first: a time budget then cuts training data, never the validation set.
+    for split, convs, cap in (("val", val, rc.max_val_samples), ("train", train, rc.max_samples)):
+        # Records without a split of their own get this one, so training reads it back.
+        prompts = [c if c.split else Conversation(c.id, c.messages, split, c.source)
+                   for c in capped(convs, cap, rc.seed)]
+        stats = regenerate(target, prompts[dist.rank:: dist.world], out / name, rc.params(), rc.batch_size,
+                           rc.max_prompt_tokens, seed=rc.seed, deadline=deadline, also_done=others,
+                           progress=progress and dist.main)
+        if dist.main:
+            note(f"regenerated {stats.written} {split} answers ({stats.tokens} tokens) in {stats.seconds:.0f} s; "
+                 f"{stats.done_before} were done before" + ("; stopped by the time budget" * stats.stopped_early))
+    barrier(dist)
+    return ",".join(str(p) for p in sorted(out.glob("regenerated*.jsonl")))
+
+
+def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: int, dist: DistInfo) -> TokenData:
+    """Tokenize (rank 0, cached by content) and load on every rank."""
+    h = hashlib.sha256(f"{target.tokenizer_hash}:{max_len}".encode())
+    for c in convs:
+        h.update(json.dumps([c.messages, c.truncated], ensure_ascii=False).encode())
+    key = h.hexdigest()[:16]
+    if dist.main:
+        cached = None
+        if path.is_file():
+            try:
+                cached, meta = TokenData.load(path)
+                cached = cached if meta.get("key") == key else None
+            except EagletError:
+                cached = None
+        if cached is None:
+            t0 = time.perf_counter()
+            items = tokenize_conversations(target.tokenizer, convs, eos_ids(target), max_len)
+            kept = [t for t in items if t is not None]
+            if len(kept) < len(items):
+                note(f"{len(items) - len(kept)} conversations have no answer token within --max-len {max_len}")
+            if not kept:
+                raise EagletError(f"no conversation for {path.stem} has an assistant answer to train on")
+            TokenData.from_tokenized(kept).save(path, {"key": key})
+            note(f"tokenized {len(kept)} conversations into {path.name} in {time.perf_counter() - t0:.1f} s")
+    barrier(dist)
+    return TokenData.load(path)[0]
+
+
+def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: DistInfo = SINGLE_PROCESS,
+              regen: RegenConfig | None = None, features: str | None = None, val_features: str | None = None,
+              val_fraction: float = 0.02, time_budget_s: float | None = None,
+              regen_budget_s: float | None = None, start: float | None = None) -> dict:
+    """Budgets count from ``start`` (default: now), e.g. the command's own start, target loading included."""
+    start = start or time.time()
+    deadline = start + time_budget_s if time_budget_s else None
+    out.mkdir(parents=True, exist_ok=True)
+    if regen is not None:
+        if regen_budget_s is None and time_budget_s:
+            regen_budget_s = time_budget_s / 2
+        regen_deadline = start + regen_budget_s if regen_budget_s else None
+        data = regenerate_run(target, data, out, regen, dist, regen_deadline, val_fraction, cfg.progress)
+    elif data == BUILTIN:
+        raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
+    convs = [c for c in load_conversations(data) if c.has_answer]
+    if not convs:
+        raise EagletError(f"{data} holds no assistant answers to train on; regenerate them first "
+                          "(eaglet data regenerate, or eaglet train --regenerate)")
+    train_convs, val_convs = split_train_val(convs, val_fraction)
+    if not train_convs:
+        raise EagletError(f"{data} holds no training conversations (all are in the val split)")
+    max_len = cfg.seq_len(target.config.max_position_embeddings)
+    train_src = FeatureSet(features) if features else tokenized(target, train_convs, out / "tokens-train.safetensors",
+                                                                max_len, dist)
+    val_src = None
+    if val_features:
+        val_src = FeatureSet(val_features)
+    elif val_convs:
+        val_src = tokenized(target, val_convs, out / "tokens-val.safetensors", max_len, dist)
+    if dist.main:
+        note(f"training on {len(train_src)} conversations ({sum(train_src.lengths)} tokens), validating on "
+             f"{len(val_src) if val_src is not None else 0}")
+    return Trainer(cfg, target, train_src, val_src, out, dist, deadline).run()

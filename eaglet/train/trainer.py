@@ -1,0 +1,291 @@
+"""The training loop: EAGLE-3 training-time test, AdamW, warmup + cosine, checkpoints, export.
+
+Optimizer as in the paper: AdamW (0.9, 0.95), gradient clipping at 0.5. The learning
+rate warms up linearly, then follows a cosine down to ``min_lr_ratio * lr``; the
+cosine's progress is the larger of the step fraction and, under a time budget, the
+elapsed fraction of the budget, so a run stopped by the clock has already decayed.
+
+Outputs in ``out``: ``train_log.jsonl``, ``acc.png``, ``checkpoint/`` (resume state),
+``draft/`` (the exported draft, bf16 shards of at most 16 MiB) and, with TensorBoard,
+``tensorboard/``. A run whose ``checkpoint/`` exists resumes from it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from eaglet.capture import CaptureSpec
+from eaglet.data.dataset import TokenData, length_batches
+from eaglet.data.features import FeatureSet
+from eaglet.data.prompts import note
+from eaglet.draft.checkpoint import MAX_SHARD_BYTES, save_draft
+from eaglet.draft.compat import target_identity
+from eaglet.draft.model import DraftConfig, Eagle3Draft
+from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab, token_counts
+from eaglet.errors import EagletError
+from eaglet.loading.target import Target
+from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
+from eaglet.train.inputs import Featurizer, StepInputs, no_cudnn_attention
+from eaglet.train.report import RunLog, plot_accuracy, summarize
+from eaglet.train.state import load_state, read_info, save_state
+from eaglet.train.ttt import TTTLoss
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    ttt_steps: int = 7  # draft steps unrolled in training-time test
+    decay: float = 0.8  # loss weight of step j is decay**j
+    lr: float = 5e-4
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_tokens: int = 16384  # padded tokens per batch and rank (rows x longest row)
+    max_len: int | None = None  # conversations are cut to this; None: 2048 or the target's window
+    draft_vocab_size: int | None = None  # None: the largest that fits a 16 MiB bf16 LM head
+    capture_points: tuple[int, ...] | None = None  # None: EAGLE-3's [2, N//2, N-3]
+    save_every: int = 250
+    val_every: int = 250
+    seed: int = 0
+    autocast: bool | None = None  # bf16 autocast; None: on CUDA only
+    tensorboard: bool = False
+    init_from_target: bool = True  # start the LM head from the target's rows for the draft vocabulary
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [(self.ttt_steps >= 1, "--ttt-steps must be >= 1"),
+                  (0 < self.decay <= 1, "--decay must be in (0, 1]"),
+                  (self.lr > 0, "--lr must be > 0"),
+                  (self.grad_clip > 0, "--grad-clip must be > 0"),
+                  (self.epochs >= 1, "--epochs must be >= 1"),
+                  (self.batch_tokens >= 16, "--batch-tokens must be >= 16"),
+                  (self.max_len is None or self.max_len >= 8, "--max-len must be >= 8"),
+                  (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
+                  (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
+                  (self.save_every >= 1 and self.val_every >= 1, "--save-every and --val-every must be >= 1")]
+        for ok, msg in checks:
+            if not ok:
+                raise EagletError(msg)
+
+    def seq_len(self, window: int) -> int:
+        """The token cap per conversation; the draft's last step reaches position max_len + ttt_steps."""
+        if self.max_len is None:
+            return min(2048, window - self.ttt_steps)
+        if self.max_len + self.ttt_steps > window:
+            raise EagletError(f"--max-len {self.max_len} plus {self.ttt_steps} draft steps exceeds the target's "
+                              f"{window}-position window")
+        return self.max_len
+
+    def capture(self, num_layers: int) -> CaptureSpec:
+        if self.capture_points is None:
+            return CaptureSpec.eagle3_default(num_layers)
+        return CaptureSpec(tuple(self.capture_points), num_layers)
+
+
+def lr_at(cfg: TrainConfig, step: int, total: int, time_frac: float) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    prog = min(1.0, max((step - cfg.warmup_steps) / max(total - cfg.warmup_steps, 1), time_frac))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, target: Target, train: TokenData | FeatureSet,
+                 val: TokenData | FeatureSet | None, out: Path, dist: DistInfo = SINGLE_PROCESS,
+                 deadline: float | None = None):
+        self.cfg, self.target, self.train_src, self.val_src, self.out, self.dist = cfg, target, train, val, out, dist
+        self.deadline = deadline
+        tc = target.config
+        cfg.seq_len(tc.max_position_embeddings)
+        self.capture = cfg.capture(tc.num_layers)
+        for src in (train, val):
+            if isinstance(src, FeatureSet):
+                src.check(target, self.capture)
+        size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size, tc.hidden_size)
+        dev = dist.device
+        with torch.random.fork_rng(devices=[]), torch.device(dev):
+            torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
+            self.draft = Eagle3Draft(DraftConfig.for_target(tc, self.capture, size))
+        self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
+                        "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
+                        "ttt_steps": cfg.ttt_steps}
+        self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay)
+        self.step, self.epoch, self.batch_pos = 0, 0, 0
+        self.fingerprint = _fingerprint(train)
+        info = read_info(out / "checkpoint")
+        if info is not None:
+            self._resume(info)
+        else:
+            self._init_vocab()
+        draft_ids = torch.nonzero(self.draft.t2d).squeeze(1)
+        max_len = cfg.seq_len(tc.max_position_embeddings)
+        self.train_feats = Featurizer(target, self.capture, draft_ids, train, dev, max_len)
+        self.val_feats = Featurizer(target, self.capture, draft_ids, val, dev, max_len) if val is not None else None
+        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay)
+        self.model = self.loss
+        if dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(self.loss, device_ids=[dev] if dev.type == "cuda" else None)
+        self.autocast = cfg.autocast if cfg.autocast is not None else dev.type == "cuda"
+        self.batches_per_epoch = len(length_batches(train.lengths, cfg.batch_tokens, cfg.seed)) // dist.world
+        if self.batches_per_epoch == 0:
+            raise EagletError(f"the training data makes fewer batches than the {dist.world} ranks")
+        self.total = cfg.epochs * self.batches_per_epoch
+        if cfg.max_steps is not None:
+            self.total = min(self.total, cfg.max_steps)
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def _init_vocab(self) -> None:
+        tc, d = self.target.config, self.draft
+        counts = token_counts(self.train_src.ids, self.train_src.mask, tc.vocab_size)
+        ids = select_vocab(counts, d.config.draft_vocab_size)
+        d.set_vocab(ids.to(d.d2t.device))
+        if self.dist.main:
+            note(f"draft vocabulary: {ids.numel()} of {tc.vocab_size} tokens, covering "
+                 f"{100 * coverage(counts, ids):.2f}% of the answer tokens")
+        if self.cfg.init_from_target:
+            with torch.no_grad():
+                # The target's token geometry; the final norm stays at 1 (the target's own norm
+                # weights, up to ~3 in SmolLM2, make the untrained draft confidently wrong).
+                head = self.target.model.lm_head.weight  # [V, H] (the embedding when tied)
+                d.lm_head.weight.copy_(head.index_select(0, ids.to(head.device)).float())
+
+    def _resume(self, info: dict) -> None:
+        if info.get("run") != self.run_key:
+            raise EagletError(f"{self.out / 'checkpoint'} belongs to a run with other settings "
+                              f"({info.get('run')}); use another --out or the same target, capture and vocabulary")
+        load_state(self.out / "checkpoint", self.draft, self.opt)
+        self.step, self.epoch, self.batch_pos = info["step"], info["epoch"], info["batch"]
+        if info.get("data") != self.fingerprint:
+            note("the training data changed since the checkpoint; its epoch restarts with the new data")
+            self.batch_pos = 0
+        if self.dist.main:
+            note(f"resuming from step {self.step} (epoch {self.epoch}, batch {self.batch_pos})")
+
+    # --- loop ----------------------------------------------------------------------------
+
+    def _forward(self, inp: StepInputs, model: torch.nn.Module):
+        with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.autocast), no_cudnn_attention():
+            return model(inp.aux, inp.emb, inp.ids, inp.mask, inp.target_logp, inp.target_top)
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        b = length_batches(self.train_src.lengths, self.cfg.batch_tokens, self.cfg.seed, epoch)
+        n = len(b) // self.dist.world * self.dist.world
+        return b[self.dist.rank: n: self.dist.world]
+
+    def run(self) -> dict:
+        cfg, d = self.cfg, self.dist
+        log = RunLog(self.out, self.step, cfg.tensorboard) if d.main else None
+        start = time.time()
+        span = (self.deadline - start) if self.deadline else None
+        bar = tqdm(total=self.total, initial=self.step, desc="train", unit="step",
+                   disable=not (cfg.progress and d.main), dynamic_ncols=True)
+        tokens, val_row, val_seconds = 0, None, 0.0
+        stopped_by_clock = False
+        while self.step < self.total and self.epoch < cfg.epochs:
+            batches = self._epoch_batches(self.epoch)
+            while self.batch_pos < len(batches) and self.step < self.total:
+                now = time.time()
+                reserve = 5 + self._val_estimate(val_seconds, tokens, now - start)
+                if any_rank(self.deadline is not None and now + reserve >= self.deadline, d):
+                    stopped_by_clock = True
+                    break
+                t0 = time.perf_counter()
+                inp = self.train_feats(batches[self.batch_pos])
+                lr = lr_at(cfg, self.step, self.total, (now - start) / span if span else 0.0)
+                for g in self.opt.param_groups:
+                    g["lr"] = lr
+                loss, stats = self._forward(inp, self.model)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
+                self.opt.step()
+                self.step += 1
+                self.batch_pos += 1
+                tokens += inp.num_tokens
+                row = summarize(all_sum(stats.detach(), d), cfg.decay)
+                if d.main:
+                    row.update(step=self.step, split="train", epoch=self.epoch, lr=lr, grad_norm=float(gnorm),
+                               tokens=inp.num_tokens, seconds=round(time.perf_counter() - t0, 4))
+                    log.write(row)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}", tau=f"{row['tau_pred']:.2f}")
+                if self.val_src is not None and self.step % cfg.val_every == 0:
+                    val_row, val_seconds = self._validate(log)
+                if self.step % cfg.save_every == 0:
+                    self._save(log)
+            if stopped_by_clock or self.step >= self.total:
+                break
+            self.epoch, self.batch_pos = self.epoch + 1, 0
+        bar.close()
+        if self.val_src is not None and (val_row is None or val_row["step"] != self.step):
+            val_row, _ = self._validate(log)
+        self._save(log)
+        result = {"steps": self.step, "epochs_done": self.epoch + self.batch_pos / max(self.batches_per_epoch, 1),
+                  "stopped_by_clock": stopped_by_clock, "tokens_this_run": tokens * d.world,
+                  "seconds_this_run": round(time.time() - start, 1), "val": val_row,
+                  "train_conversations": len(self.train_src), "ttt_steps": cfg.ttt_steps,
+                  "device": str(d.device), "world_size": d.world, "config": _jsonable(asdict(cfg))}
+        if d.device.type == "cuda":
+            result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated(d.device) / 2**30, 1)
+        if d.main:
+            largest = max(2 * p.numel() for p in self.draft.parameters())  # bf16 bytes
+            if largest > MAX_SHARD_BYTES:
+                note(f"a draft tensor takes {largest >> 20} MiB in bf16; exporting in shards of up to 4 GiB")
+            save_draft(self.draft, self.out / "draft", target=target_identity(self.target), extra={"training": result},
+                       max_shard_bytes=max(MAX_SHARD_BYTES, 4 << 30 if largest > MAX_SHARD_BYTES else 0))
+            log.close()
+        return result
+
+    def _val_estimate(self, measured: float, tokens: int, seconds: float) -> float:
+        """Seconds the final validation will take: measured, else guessed from training throughput."""
+        if self.val_src is None:
+            return 0.0
+        if measured:
+            return 1.5 * measured
+        # A validation token costs a forward only, about a third of a training token.
+        return 0.5 * sum(self.val_src.lengths) / self.dist.world * seconds / max(tokens, 1)
+
+    @torch.no_grad()
+    def _validate(self, log: RunLog | None) -> tuple[dict, float]:
+        t0 = time.perf_counter()
+        d, total = self.dist, torch.zeros(self.cfg.ttt_steps, 3, device=self.dist.device, dtype=torch.float64)
+        batches = length_batches(self.val_src.lengths, self.cfg.batch_tokens, self.cfg.seed)
+        for rows in batches[d.rank:: d.world]:
+            _, stats = self._forward(self.val_feats(rows), self.loss)
+            total += stats.double()
+        row = summarize(all_sum(total, d), self.cfg.decay)
+        row.update(step=self.step, split="val")
+        if log is not None:
+            log.write(row)
+            accs = " ".join(f"acc_{j}={row[f'acc_{j}']:.3f}" for j in range(self.cfg.ttt_steps))
+            tqdm.write(f"eaglet: val step {self.step}: {accs} tau_pred={row['tau_pred']:.2f}", file=sys.stderr)
+        return row, time.perf_counter() - t0
+
+    def _save(self, log: RunLog | None) -> None:
+        if not self.dist.main:
+            return
+        info = {"step": self.step, "epoch": self.epoch, "batch": self.batch_pos, "run": self.run_key,
+                "data": self.fingerprint, "config": _jsonable(asdict(self.cfg))}
+        save_state(self.out / "checkpoint", self.draft, self.opt, info)
+        plot_accuracy(log.path, self.out / "acc.png")
+
+
+def _fingerprint(src: TokenData | FeatureSet) -> str:
+    return src.manifest["data_fingerprint"] if isinstance(src, FeatureSet) else src.fingerprint()
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}

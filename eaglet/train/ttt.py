@@ -1,0 +1,100 @@
+"""Training-time test (EAGLE-3, arXiv 2503.01840): the draft unrolled over its own outputs.
+
+For anchor position ``t`` and draft step ``j`` (0-based), exactly as the engine runs it:
+
+- step 0 reads ``fuse(target aux at t)`` and ``embed(x_{t+1})`` at rotary position ``t``;
+- step ``j`` reads the draft's pre-norm output of step ``j-1`` at anchor ``t`` and
+  ``embed(x_{t+j+1})`` at position ``t + j``;
+- step ``j`` at anchor ``t`` attends to step-0 keys at anchors ``0..t`` (causal) and to
+  the keys of steps ``1..j`` at anchor ``t`` only (its own chain);
+- step ``j`` predicts ``x_{t+j+2}``. Its label is the target's distribution at position
+  ``t+j+1`` restricted to the draft vocabulary and renormalised (soft cross-entropy);
+  positions where ``x_{t+j+2}`` is not an assistant token, lies outside the draft
+  vocabulary, or lies beyond the sequence are masked.
+
+The loss is ``sum_j decay^j * CE_j`` (decay 0.8). ``acc_j`` is the fraction of unmasked
+positions where the draft's argmax (mapped to target ids) equals the target's argmax at
+``t+j+1``. Inputs are the data tokens (teacher forcing), so ``acc_j`` is conditioned on
+ground-truth tokens; with self-distilled greedy data those are the target's own choices.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eaglet.draft.model import Eagle3Draft
+from eaglet.kv_cache import AttnMeta
+
+
+def predicted_accept_length(acc: list[float]) -> float:
+    """Expected tokens per verify of a k-step chain: 1 + sum_i prod_{j<=i} acc_j (bonus token included)."""
+    total, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        total += run
+    return total
+
+
+def ttt_mask(t: int, steps: int, device: torch.device | str) -> torch.Tensor:
+    """[1, 1, T, steps*T] bool: causal over step-0 keys, then one diagonal block per later step.
+
+    Step j uses the first (j+1)*T columns: its own keys are the j-th diagonal block.
+    """
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * (steps - 1), dim=1).view(1, 1, t, steps * t)
+
+
+def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x[:, k:] padded with zeros (False) at the end to keep length T: x [B, T, ...]."""
+    pad = torch.zeros_like(x[:, :k])
+    return torch.cat([x[:, k:], pad], dim=1)[:, : x.shape[1]]
+
+
+class TTTLoss(nn.Module):
+    """The whole unroll as one module, so DDP sees a single forward per training step."""
+
+    def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8):
+        super().__init__()
+        self.draft = draft
+        self.steps = steps
+        self.decay = decay
+
+    def forward(self, aux: torch.Tensor, emb: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                target_logp: torch.Tensor, target_top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """aux [B, T, k*H], emb [B, T, H] (target embeddings of ids), ids [B, T], mask [B, T] (assistant),
+        target_logp [B, T, Vd] (target log-probs over the draft vocabulary), target_top [B, T] (target argmax).
+
+        Returns (loss, stats [steps, 3] = per step: sum of CE, correct argmaxes, counted positions).
+        """
+        draft = self.draft
+        label_ok = mask & draft.t2d[ids]  # [B, T]: token p may be a label
+        loss = aux.new_zeros((), dtype=torch.float32)
+        stats = []
+        for j, out in enumerate(self.unroll(aux, emb)):
+            rows, cols = shift_left(label_ok, j + 2).nonzero(as_tuple=True)  # anchors with a label
+            logits = draft.logits(out[rows, cols]).float()  # [n, Vd]
+            labels = target_logp[rows, cols + j + 1]  # [n, Vd]
+            ce = -(labels.exp() * logits.log_softmax(-1)).sum(-1)  # [n]
+            n = ce.numel()
+            loss = loss + self.decay**j * ce.sum() / max(n, 1)
+            with torch.no_grad():
+                hit = draft.to_target_ids(logits.argmax(-1)) == target_top[rows, cols + j + 1]
+                stats.append(torch.stack([ce.detach().sum(), hit.sum().float(), ce.new_tensor(float(n))]))
+        return loss, torch.stack(stats)
+
+    def unroll(self, aux: torch.Tensor, emb: torch.Tensor) -> list[torch.Tensor]:
+        """The draft's pre-norm output of every step at every anchor: steps x [B, T, H]."""
+        draft = self.draft
+        b, t, _ = emb.shape
+        attn = ttt_mask(t, self.steps, emb.device)
+        hidden = draft.fuse(aux)  # [B, T, H]
+        past: list = []
+        outs = []
+        for j in range(self.steps):
+            pos = (torch.arange(t, device=emb.device) + j).expand(b, t)  # [B, T]
+            meta = AttnMeta(pos, pos, attn[..., : (j + 1) * t])
+            hidden = draft(hidden, shift_left(emb, j + 1), meta, past=past)  # [B, T, H]
+            outs.append(hidden)
+        return outs

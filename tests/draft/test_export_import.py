@@ -1,0 +1,110 @@
+"""Draft export and import: weights and capture points survive, conventions convert both ways, mismatches fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eaglet.capture import CaptureSpec
+from eaglet.draft.checkpoint import MAX_SHARD_BYTES, load_draft, save_draft
+from eaglet.draft.compat import check_draft_target, import_draft, load_draft_for, target_identity
+from eaglet.draft.model import DraftConfig, Eagle3Draft
+from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab, token_counts
+from eaglet.errors import EagletError
+from tests.train.helpers import load_tiny, make_tiny_target_dir, tiny_tokenizer
+
+
+def _draft(target, points=(1, 2, 3), vocab=200, seed=0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    d = Eagle3Draft(DraftConfig.for_target(target.config, CaptureSpec(points, 3), vocab))
+    d.set_vocab(torch.randperm(target.config.vocab_size)[:vocab])
+    with torch.no_grad():
+        for p in d.parameters():
+            p.copy_(torch.randn_like(p).to(torch.bfloat16).float())  # exactly representable in bf16
+    return d
+
+
+def _foreign(tmp_path, d, ids=None, drop_ours=True):
+    """Save ``d``, then rewrite its config.json the way another tool would have written it."""
+    save_draft(d, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if drop_ours:
+        cfg.pop("eaglet")
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def test_export_then_import_preserves_weights_and_points(tiny_target, tmp_path):
+    d = _draft(tiny_target)
+    save_draft(d, tmp_path / "a", target=target_identity(tiny_target))
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["eaglet"]["capture"]["points"] == [1, 2, 3]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang: output of layer i
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 200
+    spec = import_draft(tmp_path / "a", tmp_path / "b", tiny_target)
+    assert spec.points == (1, 2, 3)
+    back, _ = load_draft_for(tmp_path / "b", tiny_target)
+    for k, v in d.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("convention,ids,points", [
+    ("sglang", [0, 1, 2], (1, 2, 3)), ("specforge", [1, 2], (2, 3)), ("vllm", [0, 2, 3], (0, 2, 3)),
+    ("eaglet", [1, 3], (1, 3)),
+])
+def test_foreign_ids_in_each_convention(tiny_target, tmp_path, convention, ids, points):
+    d = _draft(tiny_target, points=points)
+    src = _foreign(tmp_path / "src", d, ids=None)
+    with pytest.raises(EagletError, match="carries no capture layer ids"):
+        load_draft(src, 3)  # no ids anywhere: refused, never a default
+    spec = import_draft(src, tmp_path / "out", tiny_target, ids=ids, convention=convention)
+    assert spec.points == points
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert CaptureSpec.from_json(cfg["eaglet"]["capture"]).points == points
+    if 0 not in points:  # written back in SGLang/SpecForge's form too
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [p - 1 for p in points]
+        assert CaptureSpec.from_ids(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], "specforge", 3) == spec
+
+
+def test_sglang_ids_from_the_config_are_read_as_output_of_layer(tiny_target, tmp_path):
+    d = _draft(tiny_target, points=(1, 2, 3))
+    src = _foreign(tmp_path / "src", d, ids=[0, 1, 2])
+    assert import_draft(src, tmp_path / "out", tiny_target).points == (1, 2, 3)
+    with pytest.raises(EagletError, match="without their convention"):
+        import_draft(src, tmp_path / "out2", tiny_target, ids=[0, 1, 2])
+
+
+def test_mismatched_target_is_one_clear_error(tiny_target, tmp_path):
+    d = _draft(tiny_target)
+    save_draft(d, tmp_path / "d", target=target_identity(tiny_target))
+    other = load_tiny(make_tiny_target_dir(tmp_path / "wide", hidden_size=32, num_attention_heads=2,
+                                           num_key_value_heads=1))
+    with pytest.raises(EagletError) as e:
+        load_draft_for(tmp_path / "d", other)
+    assert "hidden size 64 vs 32" in str(e.value) and "\n" not in str(e.value)
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    bigger = dict(cfg, vocab_size=512)
+    bigger["eaglet"] = dict(cfg["eaglet"], target=dict(cfg["eaglet"]["target"], vocab_size=512))
+    with pytest.raises(EagletError, match="vocabulary size 512 vs 260"):
+        check_draft_target(bigger, tiny_target)
+    tok = tiny_tokenizer()
+    tok.chat_template = tok.chat_template + "{# another template #}"
+    swapped = type(tiny_target)(tiny_target.model, tok, tiny_target.config, "tiny", tiny_target.path)
+    with pytest.raises(EagletError, match="tokenizer"):
+        check_draft_target(cfg, swapped)
+
+
+def test_draft_vocabulary():
+    assert default_draft_vocab_size(49152, 576) == 12288  # SmolLM2: the LM head fits a 16 MiB bf16 shard
+    assert 12288 * 576 * 2 <= MAX_SHARD_BYTES < 16384 * 576 * 2
+    assert default_draft_vocab_size(260, 64) == 260
+    assert default_draft_vocab_size(128256, 4096) == 32768  # an 8B draft exceeds 16 MiB tensors anyway
+    ids = torch.tensor([5, 5, 5, 3, 3, 9, 1])
+    counts = token_counts(ids, torch.tensor([1, 1, 1, 1, 1, 1, 0], dtype=torch.bool), 12)
+    assert counts.tolist() == [0, 0, 0, 2, 0, 3, 0, 0, 0, 1, 0, 0]
+    assert select_vocab(counts, 2).tolist() == [3, 5]
+    assert select_vocab(counts, 5).tolist() == [0, 1, 3, 5, 9]  # unseen fillers: lowest ids
+    assert coverage(counts, torch.tensor([3, 5])) == pytest.approx(5 / 6)

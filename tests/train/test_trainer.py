@@ -1,0 +1,120 @@
+"""The trainer end to end on a tiny target: it learns, it resumes exactly, it refuses what does not fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eaglet.capture import CaptureSpec
+from eaglet.data.features import capture_features
+from eaglet.draft.compat import load_draft_for
+from eaglet.errors import EagletError
+from eaglet.train.pipeline import RegenConfig, run_train
+from eaglet.train.trainer import TrainConfig, Trainer
+from tests.train.helpers import prompts, write_jsonl
+
+FAST = dict(ttt_steps=3, lr=3e-3, warmup_steps=10, batch_tokens=512, epochs=50, progress=False)
+
+
+@pytest.fixture(scope="module")
+def regenerated(tiny_target, tmp_path_factory):
+    """A run directory whose data the tiny target wrote itself (greedy), with train/val splits."""
+    out = tmp_path_factory.mktemp("run")
+    src = write_jsonl(out.parent / "prompts.jsonl", [{"messages": list(p.messages)} for p in prompts(120, seed=5)])
+    res = run_train(tiny_target, str(src), out, TrainConfig(max_steps=1, **FAST),
+                    regen=RegenConfig(batch_size=64, max_new_tokens=24), val_fraction=0.15)
+    assert res["steps"] == 1
+    return out
+
+
+def _fresh(regenerated, tmp_path):
+    """A run directory with the regenerated data and no checkpoint."""
+    (tmp_path / "regenerated.jsonl").write_text((regenerated / "regenerated.jsonl").read_text())
+    return str(tmp_path / "regenerated.jsonl")
+
+
+def test_a_draft_learns_the_targets_choices(tiny_target, regenerated, tmp_path):
+    data = _fresh(regenerated, tmp_path)
+    res = run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=150, val_every=150, **FAST))
+    chance = 1 / tiny_target.config.vocab_size
+    assert res["val"]["positions"] > 50  # held-out prompts, never trained on
+    assert res["val"]["acc_0"] > 15 * chance, res["val"]
+    assert res["val"]["tau_pred"] > 1.05
+    rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 151))
+    assert {"loss_0", "acc_2", "tau_pred", "lr"} <= set(train[0])
+    assert sum(r["acc_0"] for r in train[-20:]) > sum(r["acc_0"] for r in train[:20])
+    assert (tmp_path / "acc.png").stat().st_size > 1000
+    # The export: bf16 shards, the target's identity, and it loads against that target.
+    draft, cfg = load_draft_for(tmp_path / "draft", tiny_target)
+    assert cfg["eaglet"]["target"]["tokenizer_hash"] == tiny_target.tokenizer_hash
+    assert cfg["eaglet"]["training"]["val"]["acc_0"] == res["val"]["acc_0"]
+    assert draft.config.capture == CaptureSpec.eagle3_default(3)
+    with safe_open(str(next((tmp_path / "draft").glob("model-*.safetensors"))), "pt") as f:
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+
+
+def test_resume_continues_exactly(tiny_target, regenerated, tmp_path, monkeypatch):
+    cfg = TrainConfig(max_steps=8, save_every=3, val_every=100, **FAST)
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    run_train(tiny_target, _fresh(regenerated, straight), straight, cfg)
+
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    data = _fresh(regenerated, cut)
+    save = Trainer._save
+
+    def crash_after_step_6(self, log):
+        save(self, log)
+        if self.step == 6:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_save", crash_after_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tiny_target, data, cut, cfg)
+    monkeypatch.setattr(Trainer, "_save", save)
+    res = run_train(tiny_target, data, cut, cfg)
+    assert res["steps"] == 8
+    a = load_draft_for(straight / "draft", tiny_target)[0].state_dict()
+    b = load_draft_for(cut / "draft", tiny_target)[0].state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=k)
+    steps = [json.loads(line)["step"] for line in (cut / "train_log.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == list(range(1, 9))  # nothing lost, nothing logged twice
+    with pytest.raises(EagletError, match="other settings"):
+        run_train(tiny_target, data, cut, TrainConfig(max_steps=9, draft_vocab_size=128, **FAST))
+
+
+def test_time_budget_still_exports(tiny_target, regenerated, tmp_path):
+    data = _fresh(regenerated, tmp_path)
+    res = run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=50, **FAST), time_budget_s=1e-3)
+    assert res["stopped_by_clock"] and res["steps"] == 0
+    assert (tmp_path / "draft" / "config.json").is_file() and res["val"] is not None
+
+
+def test_offline_features_train(tiny_target, regenerated, tmp_path):
+    from eaglet.data.dataset import TokenData
+
+    data = _fresh(regenerated, tmp_path)
+    tokens, _ = TokenData.load(regenerated / "tokens-train.safetensors")
+    capture_features(tiny_target, tokens, tmp_path / "features", CaptureSpec.eagle3_default(3), progress=False)
+    res = run_train(tiny_target, data, tmp_path / "run", TrainConfig(max_steps=3, **FAST),
+                    features=str(tmp_path / "features"))
+    assert res["steps"] == 3 and res["train_conversations"] == len(tokens)
+    with pytest.raises(EagletError, match="hold points"):
+        run_train(tiny_target, data, tmp_path / "run2", TrainConfig(max_steps=3, capture_points=(0, 1), **FAST),
+                  features=str(tmp_path / "features"))
+
+
+def test_prompts_without_answers_are_refused(tiny_target, tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+    with pytest.raises(EagletError, match="no assistant answers"):
+        run_train(tiny_target, str(src), tmp_path / "run", TrainConfig(**FAST))
+    with pytest.raises(EagletError, match="add --regenerate"):
+        run_train(tiny_target, "builtin", tmp_path / "run", TrainConfig(**FAST))

@@ -1,0 +1,95 @@
+"""Training-time test feeds the draft exactly what the engine's chain feeds it, and scores the right labels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.capture import CaptureSpec
+from eaglet.draft.model import DraftConfig, Eagle3Draft
+from eaglet.models.config import ModelConfig
+from eaglet.train.ttt import TTTLoss, predicted_accept_length, shift_left, ttt_mask
+
+TARGET = ModelConfig("llama", vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
+                     num_kv_heads=2, head_dim=8, max_position_embeddings=128)
+
+
+def _draft(vocab: int = 50, seed: int = 0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    d = Eagle3Draft(DraftConfig.for_target(TARGET, CaptureSpec((1, 2, 3), 4), vocab))
+    d.set_vocab(torch.arange(0, 2 * vocab, 2)[:vocab] if vocab < 50 else torch.arange(50))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # non-trivial norms too
+    return d.eval()
+
+
+def test_accept_length_formula():
+    assert predicted_accept_length([]) == 1
+    assert predicted_accept_length([1.0, 1.0, 1.0]) == 4
+    assert predicted_accept_length([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+    assert predicted_accept_length([0.8, 0.0, 1.0]) == pytest.approx(1.8)
+
+
+def test_mask_layout():
+    m = ttt_mask(3, 3, "cpu")[0, 0].int()
+    assert m.tolist() == [[1, 0, 0, 1, 0, 0, 1, 0, 0],
+                          [1, 1, 0, 0, 1, 0, 0, 1, 0],
+                          [1, 1, 1, 0, 0, 1, 0, 0, 1]]
+    x = torch.arange(5).view(1, 5)
+    assert shift_left(x, 2).tolist() == [[2, 3, 4, 0, 0]] and shift_left(x, 7).tolist() == [[0] * 5]
+
+
+@torch.no_grad()
+def test_unroll_equals_the_inference_chain():
+    """Step j at anchor t == the engine's chain: prefill anchors 0..t, then one token per step via the KV cache."""
+    steps, t_len = 4, 12
+    d = _draft()
+    aux, emb = torch.randn(1, t_len, 3 * 32), torch.randn(1, t_len, 32)
+    outs = TTTLoss(d, steps).unroll(aux, emb)
+    for t in (0, 3, 7):
+        cache = d.new_cache(1, 64)
+        meta = cache.append_meta(t + 1)  # step 0 over anchors 0..t at positions 0..t
+        out = d(d.fuse(aux[:, : t + 1]), emb[:, 1: t + 2], meta, cache=cache)
+        cache.advance(t + 1)
+        torch.testing.assert_close(out[:, t], outs[0][:, t])
+        hidden = out[:, t:]
+        for j in range(1, steps):
+            meta = cache.append_meta(1)  # position t + j; sees step-0 keys 0..t and its own chain
+            assert int(meta.positions) == t + j
+            hidden = d(hidden, emb[:, t + j + 1: t + j + 2], meta, cache=cache)
+            cache.advance(1)
+            torch.testing.assert_close(hidden[:, 0], outs[j][:, t], msg=f"step {j} anchor {t}")
+
+
+def test_labels_masks_and_accuracy():
+    steps, b, t_len = 3, 2, 10
+    d = _draft(vocab=20)  # draft vocabulary: even target ids 0..38
+    torch.manual_seed(1)
+    ids = torch.randint(0, 50, (b, t_len))
+    mask = torch.rand(b, t_len) > 0.3
+    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
+    target_logp = torch.randn(b, t_len, 20).log_softmax(-1)
+    target_top = torch.randint(0, 50, (b, t_len))
+    ttt = TTTLoss(d, steps, decay=0.5)
+    loss, stats = ttt(aux, emb, ids, mask, target_logp, target_top)
+    loss.backward()
+    assert all(p.grad is not None for p in d.parameters())
+    with torch.no_grad():
+        outs = ttt.unroll(aux, emb)
+    want_loss = 0.0
+    for j in range(steps):
+        ce, hit, n = 0.0, 0, 0
+        for bi in range(b):
+            for t in range(t_len - j - 2):
+                x = int(ids[bi, t + j + 2])  # the token step j predicts at anchor t
+                if not (mask[bi, t + j + 2] and x % 2 == 0 and x < 40):
+                    continue
+                logits = d.logits(outs[j][bi, t]).detach()
+                ce += float(-(target_logp[bi, t + j + 1].exp() * logits.log_softmax(-1)).sum())
+                hit += int(2 * int(logits.argmax()) == int(target_top[bi, t + j + 1]))
+                n += 1
+        assert int(stats[j, 2]) == n and int(stats[j, 1]) == hit
+        assert float(stats[j, 0]) == pytest.approx(ce, rel=1e-4)
+        want_loss += 0.5**j * ce / max(n, 1)
+    assert loss.item() == pytest.approx(want_loss, rel=1e-4)
