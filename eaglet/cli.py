@@ -30,6 +30,32 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+# --- tensor parallelism: --tp N for generate, bench, data capture, train (bodies in eaglet/parallel/commands.py) ---
+
+
+def _tp_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of ranks, got {text!r}")
+    return n
+
+
+def _add_tp(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=_tp_size, default=1,
+                   help="tensor-parallel ranks: shard the target over N processes, one per GPU (gloo on CPU); "
+                        "eaglet starts them, or joins those torchrun started (default: 1)")
+
+
+def _tp_job(args, under_torchrun_too: bool = True) -> bool:
+    """Run as N ranks: --tp > 1, or (generate, bench) any torchrun job, whose size must then match --tp."""
+    from eaglet.parallel.launch import under_torchrun
+
+    return args.tp > 1 or (under_torchrun_too and under_torchrun())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eaglet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -37,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for one prompt (speculative when a draft is given)")
     _add_target(g)
     _add_sampling(g)
+    _add_tp(g)
     g.add_argument("--prompt", required=True, help="user message; the chat template is applied")
     g.add_argument("--draft", default="default",
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
@@ -44,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_options(g)
     _add_bench_parser(sub)
     _add_training_parsers(sub)
+    _add_doctor_parser(sub)
     return parser
 
 
@@ -58,39 +86,18 @@ def _device_dtype(args):
 
 
 def cmd_generate(args) -> int:
-    from transformers import TextStreamer
-
-    from eaglet.chat import encode_chat
-    from eaglet.generate import PlainGenerator
-    from eaglet.loading import load_target
+    from eaglet.parallel.commands import generate_rank, generate_tp
+    from eaglet.parallel.state import SINGLE
     from eaglet.sampling import SamplingParams
 
-    params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)
+    SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)  # fail before loading
     device, dtype = _device_dtype(args)
+    if _tp_job(args):
+        return generate_tp(args, device, dtype)
     print(f"eaglet: loading {args.target} on {device} ({str(dtype).removeprefix('torch.')})", file=sys.stderr)
-    target = load_target(args.target, dtype=dtype, device=device)
-    prompt = encode_chat(target.tokenizer, [{"role": "user", "content": args.prompt}])
-    gen, draft_path = _spec_generator(args, target)
-    if gen is None:
-        gen = PlainGenerator(target, args.max_context)
-    streamer = TextStreamer(target.tokenizer, skip_special_tokens=True)
-    import torch
-
-    [done] = gen.generate([prompt], params, on_token=lambda _row, t: streamer.put(torch.tensor([t])))
-    streamer.end()
+    result = generate_rank(SINGLE, args, device, dtype)
     if args.json:
-        text = target.tokenizer.decode(done.tokens, skip_special_tokens=True)
-        print(json.dumps({
-            "text": text,
-            "prompt_tokens": len(prompt),
-            "completion_tokens": len(done.tokens),
-            "finish_reason": done.finish_reason,
-            "seconds": round(done.seconds, 4),
-            "tokens_per_s": round(done.tokens_per_s, 2),
-            "draft": str(draft_path) if draft_path else None,
-            "accept_length": round(sum(done.accept_lengths) / len(done.accept_lengths), 3)
-            if done.accept_lengths else None,
-        }))
+        print(json.dumps(result))
     return 0
 
 
@@ -102,23 +109,6 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=None, help="children per expanded node (default: automatic)")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="tree nodes verified, root included (default: automatic); set all three or none")
-
-
-def _spec_generator(args, target):
-    """(SpecEngine or None for plain decoding, the draft's path) for --draft default|none|PATH."""
-    from eaglet.spec.load import load_engine_draft, resolve_draft
-
-    path = resolve_draft(args.draft, target)
-    if path is None:
-        if args.draft == "default":
-            print(f"eaglet: no default draft ships for {args.target}; plain decoding", file=sys.stderr)
-        return None, None
-    from eaglet.spec import SpecEngine
-
-    print(f"eaglet: draft {path}", file=sys.stderr)
-    engine = SpecEngine(target, load_engine_draft(path, target), args.max_context, args.num_steps, args.topk,
-                        args.num_draft_tokens)
-    return engine, path
 
 
 def _add_bench_parser(sub) -> None:
@@ -137,6 +127,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
     b.add_argument("--out", required=True, help="directory for report.json and report.png")
     _add_spec_options(b)
+    _add_tp(b)
 
 
 def cmd_bench(args) -> int:
@@ -149,6 +140,10 @@ def cmd_bench(args) -> int:
                       top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
                       device=device, dtype=dtype, max_context=args.max_context,
                       tree=(args.num_steps, args.topk, args.num_draft_tokens))
+    if _tp_job(args):
+        from eaglet.parallel.commands import bench_tp
+
+        return bench_tp(args, cfg)
     run_bench(cfg)
     return 0
 
@@ -203,6 +198,7 @@ def _add_training_parsers(sub) -> None:
     c.add_argument("--batch-tokens", type=int, default=16384)
     c.add_argument("--max-len", type=int, default=None, help="tokens per conversation (default: 2048 or the window)")
     c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    _add_tp(c)
 
     t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint")
     _add_train_target(t)
@@ -235,6 +231,7 @@ def _add_training_parsers(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-autocast", action="store_true", help="no bf16 autocast on CUDA")
     t.add_argument("--tensorboard", action="store_true", help="also log to OUT/tensorboard (needs tensorboard)")
+    _add_tp(t)
 
     d = sub.add_parser("draft", help="draft checkpoints")
     dd = d.add_subparsers(dest="draft_command", required=True)
@@ -268,6 +265,10 @@ def cmd_data(args) -> int:
     from eaglet.data.prompts import load_conversations
     from eaglet.train.dist import init_distributed
 
+    if args.data_command == "capture" and _tp_job(args, under_torchrun_too=False):
+        from eaglet.parallel.commands import capture_tp
+
+        return capture_tp(args, *_device_dtype(args))
     dist = init_distributed(args.device)
     if dist.enabled:
         raise EagletError("`eaglet data` runs as one process; under torchrun use `eaglet train --regenerate`")
@@ -285,26 +286,13 @@ def cmd_data(args) -> int:
                            seed=args.seed, deadline=deadline)
         print(json.dumps({"out": args.out, **vars(stats)}))
         return 0
-    from eaglet.data.dataset import TokenData
-    from eaglet.data.features import capture_features
-    from eaglet.data.template import tokenize_conversations
-    from eaglet.train.pipeline import eos_ids
-    from eaglet.train.trainer import TrainConfig
-
-    target = _load_for_training(args, dev)
-    convs = [c for c in load_conversations(args.data, _split(args)) if c.has_answer]
-    if not convs:
-        raise EagletError(f"{args.data} holds no assistant answers; run `eaglet data regenerate` first")
-    tc = TrainConfig(capture_points=args.capture, max_len=args.max_len)
-    max_len = tc.seq_len(target.config.max_position_embeddings)
-    items = [t for t in tokenize_conversations(target.tokenizer, convs, eos_ids(target), max_len) if t]
-    capture = tc.capture(target.config.num_layers)
     import torch
 
-    written = capture_features(target, TokenData.from_tokenized(items), Path(args.out), capture, args.shard_samples,
-                               args.batch_tokens, getattr(torch, args.feature_dtype))
-    print(json.dumps({"out": args.out, "conversations": len(items), "shards_written": written,
-                      "capture": list(capture.points)}))
+    from eaglet.train.pipeline import capture_run
+
+    target = _load_for_training(args, dev)
+    print(json.dumps(capture_run(target, args.data, _split(args), Path(args.out), args.capture, args.max_len,
+                                 args.shard_samples, args.batch_tokens, getattr(torch, args.feature_dtype))))
     return 0
 
 
@@ -326,6 +314,10 @@ def cmd_train(args) -> int:
     if args.regenerate:
         regen = RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
                             args.max_prompt_tokens, args.max_samples, args.max_val_samples, args.seed)
+    if _tp_job(args, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
+        from eaglet.parallel.commands import train_tp
+
+        return train_tp(args, cfg, regen, *_device_dtype(args))
     start = time.time()  # --time-budget-min covers loading the target too
     dist = init_distributed(args.device)
     target = _load_for_training(args, dist.device)
@@ -355,8 +347,46 @@ def cmd_draft(args) -> int:
 # --- end of training commands -------------------------------------------------------------------------------
 
 
+# --- eaglet doctor: does serving feed the draft what training fed it? (body in eaglet/doctor/) ---------------
+
+
+def _add_doctor_parser(sub) -> None:
+    d = sub.add_parser("doctor", help="check a draft against its target, training against serving, with evidence")
+    _add_target(d)
+    d.add_argument("--draft", default="default", help="a draft directory, or 'default' (the target's shipped draft)")
+    d.add_argument("--prompts", default="builtin",
+                   help="JSONL of chat prompts (OpenAI 'messages' or {'prompt': ...}), or 'builtin' (bench set)")
+    d.add_argument("--num-prompts", type=int, default=4, help="prompts the target answers and the draft is scored on")
+    d.add_argument("--max-new-tokens", type=int, default=48, help="tokens per answer (default: 48)")
+    d.add_argument("--features", default=None, help="offline feature directory (`data capture`) to compare too")
+    d.add_argument("--tp", type=_tp_size, default=None, help="also compare the target at tp=N with tp=1")
+    d.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON to PATH")
+    d.add_argument("--temperature", type=float, default=0.0, help="sampling settings to judge (default: greedy)")
+    d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--top-k", type=int, default=0, help="0 = off")
+    _add_spec_options(d)
+
+
+def cmd_doctor(args) -> int:
+    from eaglet.doctor.config import DoctorConfig
+    from eaglet.doctor.run import run_doctor
+
+    device, dtype = _device_dtype(args)
+    cfg = DoctorConfig(target=args.target, draft=args.draft, prompts=args.prompts, num_prompts=args.num_prompts,
+                       max_new_tokens=args.max_new_tokens, features=args.features, tp=args.tp,
+                       num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                       max_context=args.max_context, device=device, dtype=dtype)
+    report = run_doctor(cfg)
+    print(report.format())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.ok else 1
+
+
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
 COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
+COMMANDS.update(doctor=cmd_doctor)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,10 @@ Order: load the target (ours) and, when asked, transformers' copy and the draft;
 the prompts with the chat template; for each method a short warm-up (graph capture,
 allocator, lazy init) on the first batch, then the timed run over all prompts. The
 machine's load average is recorded before and after, since a shared CPU skews timings.
+
+Under tensor parallelism (``eaglet bench --tp N``) every rank runs this with its shard
+of the target; the ranks decode in lockstep and rank 0 alone logs, prints and writes
+the report (its timings are the job's).
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ def _log(msg: str) -> None:
     print(f"eaglet: {msg}", file=sys.stderr)
 
 
+def _quiet(_msg: str) -> None:
+    pass
+
+
 def _load() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -64,18 +72,25 @@ def _load() -> list[float] | None:
 
 
 def run_bench(cfg: BenchConfig, target=None) -> dict:
-    """Run the bench; ``target`` may be passed in already loaded (tests)."""
+    """Run the bench; ``target`` may be passed in already loaded (tests, and each rank of ``--tp``)."""
     from eaglet.chat import encode_chat
     from eaglet.generate import PlainGenerator
     from eaglet.loading import load_target
 
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
     prompts = load_prompts(cfg.prompts, cfg.limit)
     if target is None:
         _log(f"loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})")
         target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    tp = target.model.tp
+    main = tp.rank == 0
+    log_ = _log if main else _quiet
+    if tp.size > 1 and {"hf", "hf-lookup"} & set(cfg.methods):
+        raise EagletError(f"at tp={tp.size} only eaglet's own methods (plain, spec) run: transformers' generate "
+                          "does not shard; leave hf and hf-lookup out of --methods")
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     for p in prompts:
         p.ids = encode_chat(target.tokenizer, p.messages)
     ids = [p.ids for p in prompts]
@@ -94,7 +109,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
 
         def log(msg: str) -> None:
             decisions.append(msg)
-            _log(msg)
+            log_(msg)
 
         generators["spec"] = SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context,
                                         *cfg.tree, log=log)
@@ -109,19 +124,19 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     runs: dict[str, list[Run]] = {}
     warm = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
     for m in cfg.methods:
-        _log(f"{m}: warm-up, then {len(ids)} prompts")
+        log_(f"{m}: warm-up, then {len(ids)} prompts")
         run(m, ids[: cfg.batch_size], warm)
         runs[m] = run(m, ids, params)
         tokens = sum(len(r.tokens) for r in runs[m])
         seconds = sum({r.batch: r.seconds for r in runs[m]}.values())
-        _log(f"{m}: {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.2f} tok/s)")
+        log_(f"{m}: {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.2f} tok/s)")
 
     texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
     config = {
         "target": cfg.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
         "prompts": cfg.prompts, "num_prompts": len(ids), "methods": list(cfg.methods),
         "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-        "top_k": cfg.top_k, "seed": cfg.seed, "batch_size": cfg.batch_size, "device": cfg.device,
+        "top_k": cfg.top_k, "seed": cfg.seed, "batch_size": cfg.batch_size, "device": cfg.device, "tp": tp.size,
         "dtype": str(cfg.dtype).removeprefix("torch."), "tree_flags": list(cfg.tree), "spec_decisions": decisions,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -130,6 +145,8 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "hf_lookup_batch_size": 1 if "hf-lookup" in cfg.methods else None,
     }
     report = build_report(config, prompts, runs, params.greedy, texts)
+    if not main:
+        return report
     write_json(report, out)
     write_png(report, out)
     print(table(report))

@@ -146,6 +146,13 @@ class ParallelLMHead(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.tp.all_gather_last(F.linear(h, self.weight))  # [..., V]
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Whole weight rows of the token ids [n] -> [n, H] on every rank (masked lookup + all-reduce)."""
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.part)
+        out = self.weight[local.clamp(0, self.part - 1)] * inside.unsqueeze(-1)
+        return self.tp.all_reduce(out)
+
     def load(self, src: TensorSource) -> None:
         _copy(self.weight, _narrow(src, 0, self.start, self.part, self.part * self.tp.size, "lm_head"), "lm_head")
 

@@ -121,6 +121,10 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)  # [..., V]
 
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The LM head's rows for token ids [n] -> [n, H], whole under tensor parallelism too."""
+        return self.lm_head.rows(ids)
+
     def load_weights(self, tensors: dict[str, TensorSource]) -> None:
         """Fill every parameter from HF-named checkpoint tensors (``model.layers.0...``)."""
         from eaglet.loading.names import assign

@@ -13,6 +13,14 @@ GPU: steps 1, 2 (+ greedy acceptance) and 5 each replay a CUDA graph captured pe
 each is captured with inputs that only touch scratch slots above ``lens``. CPU: the
 same functions run eagerly and attend only over the slots in use. policy.py decides the
 tree per batch size and falls back to plain decoding when speculation would be slower.
+
+Tensor parallelism: the target is sharded, the draft replicated, and every rank runs this
+same loop. Rank 0 decides and the others follow, through ``broadcast_from_rank0``: the
+sampled root tokens, the tree each verify checks (so the sharded target's forward sees
+the same input on every rank, however the replicated draft rounds or samples), the
+accepted path with its length and next token, and the policy's timing-based switches.
+Everything else is a function of those and of all-reduced target outputs, so the caches,
+stops and outputs agree on every rank, seeded or not.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, StopChecker, context_size
 from eaglet.loading.target import Target
+from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample
 from eaglet.spec.accept import Acceptance, greedy_accept, sample_accept
 from eaglet.spec.drafting import commit_and_extend, draft_prefill
@@ -36,6 +45,37 @@ from eaglet.spec.verify import prefill, verify
 
 def _stderr(msg: str) -> None:
     print(f"eaglet: {msg}", file=sys.stderr)
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def share_tree(tree: Tree, tp: TPGroup) -> Tree:
+    """Rank 0's tree (what the target verifies and acceptance reads) on every rank; one broadcast.
+
+    ``children`` and ``q`` stay local: only rank 0's rejection sampling reads them.
+    """
+    if tp.size == 1:
+        return tree
+    b, n = tree.tokens.shape
+    buf = torch.cat([tree.tokens, tree.parents, tree.depth, tree.valid.long(), tree.mask.reshape(b, n * n).long()],
+                    dim=1)  # [B, 4N + N*N]
+    broadcast_from_rank0(buf, tp)
+    if tp.rank == 0:
+        return tree
+    tokens, parents, depth, valid, mask = buf.split([n, n, n, n, n * n], dim=1)
+    return Tree(tokens, parents, depth, mask.reshape(b, n, n).bool(), valid.bool(), tree.children, tree.q)
+
+
+def share_acceptance(acc: Acceptance, tp: TPGroup) -> Acceptance:
+    """Rank 0's accepted path, accept lengths and next tokens on every rank; one broadcast."""
+    if tp.size == 1:
+        return acc
+    w = acc.path.shape[1]
+    buf = torch.cat([acc.path, acc.n_path.view(-1, 1), acc.next_token.view(-1, 1)], dim=1)  # [B, W+2]
+    broadcast_from_rank0(buf, tp)
+    return Acceptance(buf[:, :w], buf[:, w], buf[:, w + 1])
 
 
 class _Rows:
@@ -140,6 +180,8 @@ class SpecEngine:
                               f"{tc.vocab_size}, {tc.num_layers} and {tc.hidden_size}")
         if fixed and fixed.topk > c.draft_vocab_size:
             raise EagletError(f"topk={fixed.topk} exceeds the draft vocabulary ({c.draft_vocab_size} tokens)")
+        self.tp = target.model.tp
+        log = log if self.tp.rank == 0 else _quiet  # rank 0 speaks for all ranks
         self.target, self.draft, self.log = target, draft, log
         self.capture = c.capture.points
         self.capacity = context_size(target, max_context)
@@ -150,11 +192,21 @@ class SpecEngine:
         # Off by default: max-autotune took over 6 minutes for one batch size's three steps on
         # an H200 without finishing; plain compile mode is not measured yet (see docs/speculative.md).
         self.compile = bool(compile)
-        self.policy = BatchPolicy(self.device.type, fixed, adaptive, log)
+        self.policy = BatchPolicy(self.device.type, fixed, adaptive, log, agree=self._rank0_says)
         self._caches: dict[int, tuple] = {}
         self._steps: dict[tuple, _Steps] = {}
         self._plain: dict[int, Callable] = {}
         self._draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
+
+    def _rank0_says(self, flag: bool) -> bool:
+        """Rank 0's value of a per-rank decision (the policy's, from per-rank timings)."""
+        if self.tp.size == 1:
+            return flag
+        return bool(broadcast_from_rank0(torch.tensor([flag], device=self.device), self.tp).item())
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+        """Tokens [B] sampled on rank 0 and shared: every rank continues with the same ones."""
+        return broadcast_from_rank0(sample(logits, params, gen), self.tp)
 
     def _margin(self, batch: int) -> int:
         return max(max(t.num_draft_tokens, t.region, t.num_steps + 1) for t in self.policy.ladder(batch))
@@ -216,7 +268,7 @@ class SpecEngine:
         tcache, dcache = self._cache(b)
         model = self.target.model
         logits, aux = prefill(model, tcache, prompts, self.capture)
-        roots = sample(logits, params, gen)  # [B] the pending tokens
+        roots = self._sample(logits, params, gen)  # [B] the pending tokens
         rows = _Rows(prompts, params, self.capacity, StopChecker(self.target, params), on_token)
         for i, t in enumerate(roots.tolist()):
             rows.add(i, [t])
@@ -242,13 +294,19 @@ class SpecEngine:
             steps = self._steps_for(tcache, dcache, cfg, params)
             t0 = time.perf_counter()
             uniform = None if params.greedy else torch.rand(b, cfg.noise_rows, vd, device=self.device, generator=gen)
-            tree = steps.grow(seed, roots, uniform)
+            tree = share_tree(steps.grow(seed, roots, uniform), self.tp)
             if params.greedy:
                 path, n_path, nxt, aux = steps.check(tree)
                 acc = Acceptance(path, n_path, nxt)
             else:
                 logits, aux = steps.check(tree)
-                acc = sample_accept(tree, logits, params, self._draft_to_target, cfg.num_steps + 1, gen)
+                width = cfg.num_steps + 1
+                if self.tp.rank == 0:
+                    acc = sample_accept(tree, logits, params, self._draft_to_target, width, gen)
+                else:  # filled by share_acceptance
+                    zeros = torch.zeros(b, width + 2, dtype=torch.long, device=self.device)
+                    acc = Acceptance(zeros[:, :width], zeros[:, width], zeros[:, width + 1])
+            acc = share_acceptance(acc, self.tp)
             emitted = acc.emitted(tree)  # [B, S+1]
             counts = acc.n_path.tolist()
             active = [i for i in range(b) if not rows.done[i]]
@@ -268,7 +326,7 @@ class SpecEngine:
         while not all(rows.done):
             logits = step(roots.view(-1, 1))
             tcache.advance(torch.tensor([0 if d else 1 for d in rows.done], device=self.device))
-            roots = sample(logits, params, gen)
+            roots = self._sample(logits, params, gen)
             for i, t in enumerate(roots.tolist()):
                 if not rows.done[i]:
                     rows.add(i, [t])

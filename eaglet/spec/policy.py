@@ -15,6 +15,10 @@ tree of the table and, below the smallest, to plain decoding for the rest of the
 engine's life at that batch size. Each decision is printed. The first iteration on a
 tree (graph capture, allocator warm-up) is not booked. With an explicit tree
 (``--num-steps/--topk/--num-draft-tokens``) the only step down is to plain decoding.
+
+Under tensor parallelism each rank times its own steps, so each would decide
+differently; ``agree`` turns a rank's decision into rank 0's (a broadcast), and every
+rank switches at the same iteration.
 """
 
 from __future__ import annotations
@@ -64,8 +68,9 @@ class _Rung:
 
 class BatchPolicy:
     def __init__(self, device_type: str, fixed: TreeConfig | None, adaptive: bool,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], agree: Callable[[bool], bool] = bool):
         self.device_type, self.fixed, self.adaptive, self.log = device_type, fixed, adaptive, log
+        self.agree = agree  # a per-rank decision -> the one all ranks take (identity at tp=1)
         self._ladders: dict[int, list[TreeConfig]] = {}
         self._rung: dict[int, int] = {}
         self._stats: dict[tuple[int, int], _Rung] = {}
@@ -104,7 +109,7 @@ class BatchPolicy:
         if st.iters - 1 < WINDOW:
             return
         plain_s = st.plain_steps * self.plain_step_s[batch]
-        if st.seconds <= plain_s:
+        if not self.agree(st.seconds > plain_s):
             return
         ladder = self._ladders[batch]
         self._rung[batch] = i + 1

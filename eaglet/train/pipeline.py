@@ -50,6 +50,23 @@ def eos_ids(target: Target) -> set[int]:
     return ids
 
 
+def capture_run(target: Target, data: str, split: str | None, out: Path, capture_points: str | None,
+                max_len: int | None, shard_samples: int, batch_tokens: int, feature_dtype) -> dict:
+    """``eaglet data capture``: offline features for every answered conversation of ``data``."""
+    from eaglet.data.features import capture_features
+
+    convs = [c for c in load_conversations(data, split) if c.has_answer]
+    if not convs:
+        raise EagletError(f"{data} holds no assistant answers; run `eaglet data regenerate` first")
+    tc = TrainConfig(capture_points=capture_points, max_len=max_len)
+    seq = tc.seq_len(target.config.max_position_embeddings)
+    items = [t for t in tokenize_conversations(target.tokenizer, convs, eos_ids(target), seq) if t]
+    capture = tc.capture(target.config.num_layers)
+    written = capture_features(target, TokenData.from_tokenized(items), out, capture, shard_samples,
+                               batch_tokens, feature_dtype)
+    return {"out": str(out), "conversations": len(items), "shards_written": written, "capture": list(capture.points)}
+
+
 def capped(convs: list[Conversation], n: int | None, seed: int) -> list[Conversation]:
     if n is None or n >= len(convs):
         return convs

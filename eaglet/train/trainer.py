@@ -159,8 +159,9 @@ class Trainer:
             with torch.no_grad():
                 # The target's token geometry; the final norm stays at 1 (the target's own norm
                 # weights, up to ~3 in SmolLM2, make the untrained draft confidently wrong).
-                head = self.target.model.lm_head.weight  # [V, H] (the embedding when tied)
-                d.lm_head.weight.copy_(head.index_select(0, ids.to(head.device)).float())
+                # head_rows: whole rows [Vd, H] (the embedding's when tied), also from a vocab-sharded head.
+                rows = self.target.model.head_rows(ids.to(self.target.model.embed.weight.device))
+                d.lm_head.weight.copy_(rows.float())
 
     def _resume(self, info: dict) -> None:
         if info.get("run") != self.run_key:

@@ -1,0 +1,50 @@
+"""What ``eaglet doctor`` checks, and with how much material (the CLI's flags, validated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.loading.target import DEFAULT_TARGET
+from eaglet.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    target: str = DEFAULT_TARGET
+    draft: str = "default"  # a draft directory, or 'default' (the target's shipped draft)
+    prompts: str = "builtin"  # JSONL of chat prompts, or the built-in bench set
+    num_prompts: int = 4
+    max_new_tokens: int = 48  # per answer; the answers are what the draft is scored on
+    features: str | None = None  # offline feature directory to compare as well
+    tp: int | None = None  # run the tensor-parallel checks at this degree
+    tp_timeout_s: float = 300.0
+    # The serving settings to check (check 5); num_steps also sets the chain of checks 2 and 4.
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_context: int | None = None
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1:
+            raise EagletError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.max_new_tokens < 4:
+            raise EagletError(f"--max-new-tokens must be >= 4 (a chain needs answer tokens), got {self.max_new_tokens}")
+        if self.tp is not None and self.tp < 1:
+            raise EagletError(f"--tp must be >= 1, got {self.tp}")
+        SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)  # checks each value
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+
+    @property
+    def tree_flags(self) -> dict[str, int | None]:
+        return {"--num-steps": self.num_steps, "--topk": self.topk, "--num-draft-tokens": self.num_draft_tokens}
