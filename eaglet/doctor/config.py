@@ -16,8 +16,8 @@ class DoctorConfig:
     target: str = DEFAULT_TARGET
     draft: str = "default"  # a draft directory, or 'default' (the target's shipped draft)
     prompts: str = "builtin"  # JSONL of chat prompts, or the built-in bench set
-    num_prompts: int = 4
-    max_new_tokens: int = 48  # per answer; the answers are what the draft is scored on
+    num_prompts: int = 8
+    max_new_tokens: int = 64  # per answer; the answers are what the draft is scored on
     features: str | None = None  # offline feature directory to compare as well
     tp: int | None = None  # run the tensor-parallel checks at this degree
     tp_timeout_s: float = 300.0

@@ -78,8 +78,8 @@ def check_online(draft, aux: torch.Tensor, inp: StepInputs, run: ServingRun, ste
                  plain_answers: list[list[int]], recorded: dict | None) -> Check:
     """``inp``/``aux``: the trainer's features for the serving run's own tokens (prompt + completion)."""
     chk = Check(4, TITLE)
-    grids = hit_grids(draft, aux, inp, steps)
     prompt_lens = torch.tensor([len(p) for p in run.prompts])
+    grids = hit_grids(draft, aux, inp, prompt_lens, steps)
     acc = [float(g[anchors(inp, prompt_lens, j).cpu()].float().mean()) if g.numel() else 0.0
            for j, g in enumerate(grids)]
     tau_pred = predicted_accept_length(acc)

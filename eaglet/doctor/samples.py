@@ -25,6 +25,8 @@ from eaglet.sampling import SamplingParams
 from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.ttt import TTTLoss, shift_left
 
+MAX_PROMPT_TOKENS = 256
+
 
 @dataclass
 class Samples:
@@ -80,8 +82,9 @@ def pick_prompts(target: Target, spec: str, k: int, max_tokens: int) -> tuple[li
 
 
 def make_samples(target: Target, spec: str, k: int, max_new_tokens: int, capacity: int) -> Samples:
-    # Room for the answer and for a verified chain of draft tokens beyond it.
-    prompts, labels = pick_prompts(target, spec, k, capacity - max_new_tokens - 16)
+    # Room for the answer and for a verified chain of draft tokens beyond it; and short prompts:
+    # the draft is scored on the answers, and every forward pads the batch to its longest row.
+    prompts, labels = pick_prompts(target, spec, k, min(MAX_PROMPT_TOKENS, capacity - max_new_tokens - 16))
     gen = PlainGenerator(target, capacity, use_graphs=False, compile=False)
     done = gen.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, seed=0))
     keep = [i for i, c in enumerate(done) if len(c.tokens) >= 2]
@@ -118,27 +121,39 @@ def anchors(inp: StepInputs, prompt_lens: torch.Tensor, step: int) -> torch.Tens
 
 
 @torch.inference_mode()
-def hit_grids(draft, aux: torch.Tensor, inp: StepInputs, steps: int) -> list[torch.Tensor]:
-    """Teacher-forced hits of each draft step at every anchor: per step ``j``, [B, T] bool.
+def hit_grids(draft, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Teacher-forced hits of each draft step at every answer anchor: per step ``j``, [B, T] bool.
 
     The draft unrolls exactly as in training (``TTTLoss.unroll``); step ``j`` at anchor ``t``
-    hits when its argmax, mapped to a target id, equals the target's argmax at ``t+j+1``
-    (False where that position lies beyond the row).
+    hits when its argmax, mapped to a target id, equals the target's argmax at ``t+j+1``.
+    False before the first anchor ``P-1`` of the shortest prompt and where ``t+j+1`` lies
+    beyond the row (the LM head runs on answer anchors only: prompts are most of the tokens).
     """
     t = inp.ids.shape[1]
+    lo = max(int(prompt_lens.min()) - 1, 0)
     grids = []
     for j, out in enumerate(TTTLoss(draft, steps).unroll(aux, inp.emb)):
-        pred = draft.to_target_ids(draft.logits(out[:, : max(t - j - 1, 0)]).argmax(-1))  # [B, T-j-1]
+        hi = max(t - j - 1, lo)
+        pred = draft.to_target_ids(draft.logits(out[:, lo:hi]).argmax(-1))  # [B, hi-lo]
         hit = torch.zeros_like(inp.mask)
-        hit[:, : pred.shape[1]] = pred == inp.target_top[:, j + 1:]
+        hit[:, lo:hi] = pred == inp.target_top[:, lo + j + 1: hi + j + 1]
         grids.append(hit.cpu())
     return grids
 
 
-def step_hits(draft, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Per draft step, [n_j] bool hits over the anchors ``anchors`` selects (row-major order).
+@torch.inference_mode()
+def step0_scores(draft, aux: torch.Tensor, inp: StepInputs,
+                 prompt_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft step 0 at every answer anchor (row-major order): (hit [n] bool, cross-entropy [n] float).
 
-    Unlike training accuracy, anchors whose answer token lies outside the draft vocabulary
-    count (as misses): the engine can never accept such a token either.
+    A hit is the draft's argmax, mapped to a target id, equal to the target's argmax; anchors
+    whose answer token lies outside the draft vocabulary count as misses (the engine can
+    never accept such a token either). The cross-entropy is training's loss at that anchor:
+    the target's distribution over the draft vocabulary against the draft's.
     """
-    return [g[anchors(inp, prompt_lens, j).cpu()] for j, g in enumerate(hit_grids(draft, aux, inp, steps))]
+    out = TTTLoss(draft, 1).unroll(aux, inp.emb)[0]
+    rows, cols = anchors(inp, prompt_lens, 0).nonzero(as_tuple=True)
+    logp = draft.logits(out[rows, cols]).float().log_softmax(-1)  # [n, Vd]
+    hit = draft.to_target_ids(logp.argmax(-1)) == inp.target_top[rows, cols + 1]
+    ce = -(inp.target_logp[rows, cols + 1].exp() * logp).sum(-1)
+    return hit.cpu(), ce.cpu()

@@ -26,6 +26,7 @@ from tests.doctor.conftest import LAYERS, POINTS, copy_draft
 from tests.train.helpers import load_tiny, tiny_tokenizer
 
 SETTINGS = dict(num_steps=3, topk=2, num_draft_tokens=6)  # within the 3 steps the draft was trained for
+CLI = ["--num-prompts", "16", "--max-new-tokens", "48", "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "6"]
 
 
 def doctor(target_dir, draft, prompts, **kw):
@@ -67,8 +68,7 @@ def test_a_correct_setup_passes_every_check(doctor_target_dir, trained_draft, do
                                             tmp_path, capsys):
     out = tmp_path / "report.json"
     code = main(["doctor", "--target", str(doctor_target_dir), "--draft", str(trained_draft), "--prompts",
-                 str(doctor_prompts), "--num-prompts", "16", "--num-steps", "3", "--topk", "2",
-                 "--num-draft-tokens", "6", "--features", str(good_features), "--json", str(out)])
+                 str(doctor_prompts), *CLI, "--features", str(good_features), "--json", str(out)])
     text = capsys.readouterr().out
     rep = json.loads(out.read_text())
     assert code == 0, text
@@ -98,8 +98,7 @@ def test_shifted_points_fail_and_the_cli_names_the_true_ones(doctor_target_dir, 
     bad = copy_draft(trained_draft, tmp_path / "shifted", _declare((0, 1, 2)))
     out = tmp_path / "report.json"
     code = main(["doctor", "--target", str(doctor_target_dir), "--draft", str(bad), "--prompts", str(doctor_prompts),
-                 "--num-prompts", "16", "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "6",
-                 "--json", str(out)])
+                 *CLI, "--json", str(out)])
     text = capsys.readouterr().out
     rep = json.loads(out.read_text())
     assert code == 1 and not rep["ok"]
