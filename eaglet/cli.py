@@ -12,14 +12,15 @@ import sys
 from eaglet.errors import EagletError
 
 
-def _add_target(p: argparse.ArgumentParser) -> None:
+def _add_target(p: argparse.ArgumentParser, context: bool = True) -> None:
     p.add_argument("--target", default="smollm2-135m",
                    help="embedded model name, HF model directory, or .gguf file (default: smollm2-135m)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="default: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--max-context", type=int, default=None,
-                   help="KV-cache size in tokens (default: the model's window, capped at 4096)")
+                   help="the target's dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    if context:
+        p.add_argument("--max-context", type=int, default=None,
+                       help="KV-cache size in tokens (default: the model's window, capped at 4096)")
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -158,13 +159,6 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _add_train_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="smollm2-135m",
-                   help="embedded model name, HF model directory, or .gguf file (default: smollm2-135m)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="the target's dtype (default: float32 on CPU, bfloat16 on CUDA)")
-
 
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     p.add_argument(batch_flag, dest="regen_batch_size", type=int, default=256, help="prompts decoded together")
@@ -180,7 +174,7 @@ def _add_training_parsers(sub) -> None:
     data = sub.add_parser("data", help="training data: regenerate answers with the target, capture features")
     dsub = data.add_subparsers(dest="data_command", required=True)
     r = dsub.add_parser("regenerate", help="the target answers the prompts itself (self-distillation); resumable")
-    _add_train_target(r)
+    _add_target(r, context=False)
     r.add_argument("--data", required=True, help="'builtin' (the prompt corpus) or JSONL files, comma-separated")
     r.add_argument("--split", choices=["train", "val", "all"], default="all")
     r.add_argument("--out", required=True, help="output JSONL; finished records are appended, a rerun resumes")
@@ -189,7 +183,7 @@ def _add_training_parsers(sub) -> None:
     r.add_argument("--time-budget-min", type=float, default=None, help="stop after the batch running at this time")
 
     c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded")
-    _add_train_target(c)
+    _add_target(c, context=False)
     c.add_argument("--data", required=True, help="JSONL with assistant answers (e.g. from `data regenerate`)")
     c.add_argument("--split", choices=["train", "val", "all"], default="all")
     c.add_argument("--out", required=True, help="feature directory (resumes per shard)")
@@ -201,7 +195,7 @@ def _add_training_parsers(sub) -> None:
     _add_tp(c)
 
     t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint")
-    _add_train_target(t)
+    _add_target(t, context=False)
     t.add_argument("--data", default="builtin", help="JSONL with answers, or 'builtin' / prompts with --regenerate")
     t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
@@ -238,7 +232,7 @@ def _add_training_parsers(sub) -> None:
     i = dd.add_parser("import", help="re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft")
     i.add_argument("src")
     i.add_argument("out")
-    _add_train_target(i)
+    _add_target(i, context=False)
     i.add_argument("--capture-ids", type=_ints, default=None, help="layer ids, in --convention")
     i.add_argument("--convention", choices=["eaglet", "vllm", "sglang", "specforge"], default=None,
                    help="how --capture-ids count (sglang/specforge: output of layer i = eaglet point i+1)")
