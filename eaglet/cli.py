@@ -351,7 +351,8 @@ def _add_doctor_parser(sub) -> None:
     d.add_argument("--prompts", default="builtin",
                    help="JSONL of chat prompts (OpenAI 'messages' or {'prompt': ...}), or 'builtin' (bench set)")
     d.add_argument("--num-prompts", type=int, default=8, help="prompts the target answers and the draft is scored on")
-    d.add_argument("--max-new-tokens", type=int, default=64, help="tokens per answer (default: 64)")
+    d.add_argument("--max-new-tokens", type=int, default=128,
+                   help="tokens per answer the draft is scored on; the speculative run decodes the first 48")
     d.add_argument("--features", default=None, help="offline feature directory (`data capture`) to compare too")
     d.add_argument("--tp", type=_tp_size, default=None, help="also compare the target at tp=N with tp=1")
     d.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON to PATH")

@@ -17,7 +17,8 @@ class DoctorConfig:
     draft: str = "default"  # a draft directory, or 'default' (the target's shipped draft)
     prompts: str = "builtin"  # JSONL of chat prompts, or the built-in bench set
     num_prompts: int = 8
-    max_new_tokens: int = 64  # per answer; the answers are what the draft is scored on
+    max_new_tokens: int = 128  # per answer; the answers are what the draft is scored on
+    serve_tokens: int = 48  # of each answer, decoded again by the speculative run (checks 2 and 4)
     features: str | None = None  # offline feature directory to compare as well
     tp: int | None = None  # run the tensor-parallel checks at this degree
     tp_timeout_s: float = 300.0
@@ -37,6 +38,8 @@ class DoctorConfig:
             raise EagletError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.max_new_tokens < 4:
             raise EagletError(f"--max-new-tokens must be >= 4 (a chain needs answer tokens), got {self.max_new_tokens}")
+        if self.serve_tokens < 4:
+            raise EagletError(f"serve_tokens must be >= 4, got {self.serve_tokens}")
         if self.tp is not None and self.tp < 1:
             raise EagletError(f"--tp must be >= 1, got {self.tp}")
         SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)  # checks each value

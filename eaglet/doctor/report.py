@@ -64,8 +64,8 @@ class Report:
         out = ["eaglet doctor",
                f"  target {h['target']} ({h['target_layers']} layers, hidden {h['target_hidden']})",
                f"  draft  {h['draft']}",
-               f"  {h['prompts']} prompts x {h['max_new_tokens']} new tokens, chain of {h['chain_steps']}, "
-               f"{h['device']} {h['dtype']}, {self.seconds:.1f} s", ""]
+               f"  {h['prompts']} prompts x {h['max_new_tokens']} new tokens ({h['serve_tokens']} decoded "
+               f"speculatively, chain of {h['chain_steps']}), {h['device']} {h['dtype']}, {self.seconds:.1f} s", ""]
         for c in self.checks:
             out.append(f"{c.number} {c.title:<17} {c.status.upper():<4}  {c.summary}")
             out += [textwrap.fill(p, WIDTH, initial_indent="    ! ", subsequent_indent="      ") for p in c.problems]

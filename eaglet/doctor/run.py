@@ -46,6 +46,10 @@ def resolve_draft_path(spec: str, target_name: str) -> Path:
     return Path(spec).expanduser()
 
 
+def serve_tokens(cfg: DoctorConfig) -> int:
+    return min(cfg.max_new_tokens, cfg.serve_tokens)
+
+
 def _failed(number: int, title: str, err: EagletError) -> Check:
     chk = Check(number, title)
     chk.flag(FAIL, str(err))
@@ -60,7 +64,7 @@ def _draft_checks(target, draft, spec: CaptureSpec, con, cfg: DoctorConfig, samp
     training = (con.config.get("eaglet") or {}).get("training") or {}
     try:
         log(f"speculative run: a chain of {steps} draft tokens, draft inputs recorded")
-        run = serve_chain(target, draft, samples.prompts, steps, cfg.max_new_tokens, capacity)
+        run = serve_chain(target, draft, samples.prompts, steps, serve_tokens(cfg), capacity)
     except EagletError as e:
         run = None
         checks.append(_failed(2, PARITY, e))
@@ -76,7 +80,8 @@ def _draft_checks(target, draft, spec: CaptureSpec, con, cfg: DoctorConfig, samp
     if run is None:
         checks.append(skipped(4, ONLINE, "the speculative run failed (see check 2)"))
     else:
-        checks.append(check_online(draft, run_inp.aux, run_inp, run, steps, samples.answers, training.get("val")))
+        plain = [a[: serve_tokens(cfg)] for a in samples.answers]
+        checks.append(check_online(draft, run_inp.aux, run_inp, run, steps, plain, training.get("val")))
     sampled = None
     if not cfg.sampling.greedy:
         aux = select_points(inp.aux, captured, spec.points, tc.hidden_size)
@@ -118,6 +123,6 @@ def run_doctor(cfg: DoctorConfig, log=note) -> Report:
                            cfg.dtype, cfg.device, cfg.tp_timeout_s))
     header = {"target": str(cfg.target), "target_layers": tc.num_layers, "target_hidden": tc.hidden_size,
               "draft": str(draft_path), "prompts": len(samples.prompts) if samples else 0,
-              "max_new_tokens": cfg.max_new_tokens, "device": str(cfg.device),
+              "max_new_tokens": cfg.max_new_tokens, "serve_tokens": serve_tokens(cfg), "device": str(cfg.device),
               "dtype": str(cfg.dtype).removeprefix("torch."), "chain_steps": steps}
     return Report(header, checks, time.perf_counter() - start)

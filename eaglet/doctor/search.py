@@ -118,6 +118,9 @@ def check_search(draft, inp: StepInputs, captured: tuple[int, ...], hidden: int,
                        "for another target, and the search cannot tell the sets apart")
     if chk.status == FAIL:
         chk.summary = f"the draft reads points {best['points']} best, not the {ref_label} {ref['points']}"
+    elif best is not None and best["z"] >= WARN_Z:
+        chk.summary = f"points {best['points']} may fit better than the {ref_label} {ref['points']} " \
+                      f"(z={best['z']:.1f}, below the bar of {Z:.0f})"
     else:
         chk.summary = f"the {ref_label} points {ref['points']} fit best: acc_0 {ref['acc_0']:.3f}, loss " \
                       f"{ref['ce']:.3f} over {n} anchors"

@@ -105,8 +105,6 @@ def test_shifted_points_fail_and_the_cli_names_the_true_ones(doctor_target_dir, 
     st = {c["number"]: c["status"] for c in rep["checks"]}
     assert st[1] == "pass" and st[2] == "pass" and st[3] == "fail", text  # self-consistent, and wrong
     assert "reads points [1, 2, 3] (SGLang ids [0, 1, 2]; declared +1)" in text
-    # The accuracy training recorded is out of reach with these points.
-    assert st[4] == "warn" and "at training's validation" in " ".join(rep["checks"][3]["problems"])
     assert "verdict: FAIL (3 capture points)" in text
 
 
