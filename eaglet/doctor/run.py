@@ -123,6 +123,7 @@ def run_doctor(cfg: DoctorConfig, log=note) -> Report:
                            cfg.dtype, cfg.device, cfg.tp_timeout_s))
     header = {"target": str(cfg.target), "target_layers": tc.num_layers, "target_hidden": tc.hidden_size,
               "draft": str(draft_path), "prompts": len(samples.prompts) if samples else 0,
+              "prompt_sources": samples.labels if samples else [],
               "max_new_tokens": cfg.max_new_tokens, "serve_tokens": serve_tokens(cfg), "device": str(cfg.device),
               "dtype": str(cfg.dtype).removeprefix("torch."), "chain_steps": steps}
     return Report(header, checks, time.perf_counter() - start)

@@ -35,19 +35,11 @@ class Samples:
     labels: list[str]  # where each prompt came from (category or line number)
 
     @property
-    def seqs(self) -> list[list[int]]:
-        return [p + a for p, a in zip(self.prompts, self.answers)]
-
-    @property
     def prompt_lens(self) -> torch.Tensor:
         return torch.tensor([len(p) for p in self.prompts])  # [B]
 
     def token_data(self) -> TokenData:
         return answer_data(self.prompts, self.answers)
-
-    @property
-    def answer_tokens(self) -> int:
-        return sum(len(a) for a in self.answers)
 
 
 def answer_data(prompts: list[list[int]], answers: list[list[int]]) -> TokenData:

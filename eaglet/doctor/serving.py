@@ -61,10 +61,6 @@ class ServingRun:
     positions: list[torch.Tensor]  # per row [L]: rotary position of each anchor (-1: never fed)
     tree: str  # the engine's tree, as it describes it
 
-    @property
-    def seqs(self) -> list[list[int]]:
-        return [p + c for p, c in zip(self.prompts, self.completions)]
-
 
 def _place(run: ServingRun, row: int, start: int, n: int, call: dict, b: int) -> None:
     """Write rows ``0..n-1`` of call tensors (batch row ``b``) at positions ``start..``, within the sequence."""
