@@ -143,6 +143,9 @@ class PlainGenerator:
         step = self._step_fn(cache)
         out = [Completion([], "length") for _ in prompts]
         done = [False] * len(prompts)
+        # Finished rows stop advancing, so they never run past the cache (their one-slot
+        # rewrites each step are masked out of every other row). Updated only when a row ends.
+        active = torch.ones(len(prompts), dtype=torch.long, device=self.device)  # [B]
         for _ in range(params.max_new_tokens):
             # Under tensor parallelism every rank must continue with rank 0's token.
             tok = broadcast_from_rank0(sample(logits, params, gen), self.target.model.tp)  # [B]
@@ -154,18 +157,17 @@ class PlainGenerator:
                 keep = stops.check(c.tokens)
                 if keep is not None:
                     del c.tokens[keep:]
-                    c.finish_reason, done[i] = "stop", True
+                    c.finish_reason = "stop"
                 elif on_token:
                     on_token(i, t)
-                if not done[i] and (len(c.tokens) >= params.max_new_tokens
-                                    or len(prompts[i]) + len(c.tokens) >= self.capacity):
+                if keep is not None or len(c.tokens) >= params.max_new_tokens \
+                        or len(prompts[i]) + len(c.tokens) >= self.capacity:
                     done[i] = True
+                    active[i] = 0
             if all(done):
                 break
             logits = step(tok.view(-1, 1))
-            # Finished rows stop advancing, so they never run past the cache (their
-            # one-slot rewrites each step are masked out of every other row).
-            cache.advance(torch.tensor([0 if d else 1 for d in done], device=self.device))
+            cache.advance(active)
         elapsed = time.perf_counter() - start
         for c in out:
             c.seconds = elapsed
