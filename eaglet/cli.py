@@ -23,12 +23,12 @@ def _add_target(p: argparse.ArgumentParser, context: bool = True) -> None:
                        help="KV-cache size in tokens (default: the model's window, capped at 4096)")
 
 
-def _add_sampling(p: argparse.ArgumentParser) -> None:
+def _add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=seed)
 
 
 # --- tensor parallelism: --tp N for generate, bench, data capture, train (bodies in eaglet/parallel/commands.py) ---
@@ -119,11 +119,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--prompts", default="builtin",
                    help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts)")
     b.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    b.add_argument("--max-new-tokens", type=int, default=256)
-    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    b.add_argument("--top-p", type=float, default=1.0)
-    b.add_argument("--top-k", type=int, default=0, help="0 = off")
-    b.add_argument("--seed", type=int, default=0)
+    _add_sampling(b, seed=0)
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (ours and hf)")
     b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
     b.add_argument("--out", required=True, help="directory for report.json and report.png")
