@@ -252,12 +252,12 @@ class Trainer:
 
     def _val_estimate(self, measured: float, tokens: int, seconds: float) -> float:
         """Seconds the final validation will take: measured, else guessed from training throughput."""
-        if self.val_src is None:
-            return 0.0
+        if self.val_src is None or not (measured or tokens):
+            return 0.0  # before the first step there is nothing to extrapolate from
         if measured:
             return 1.5 * measured
         # A validation token costs a forward only, about a third of a training token.
-        return 0.5 * sum(self.val_src.lengths) / self.dist.world * seconds / max(tokens, 1)
+        return 0.5 * sum(self.val_src.lengths) / self.dist.world * seconds / tokens
 
     @torch.no_grad()
     def _validate(self, log: RunLog | None) -> tuple[dict, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -96,6 +97,17 @@ def test_time_budget_still_exports(tiny_target, regenerated, tmp_path):
     res = run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=50, **FAST), time_budget_s=1e-3)
     assert res["stopped_by_clock"] and res["steps"] == 0
     assert (tmp_path / "draft" / "config.json").is_file() and res["val"] is not None
+
+
+def test_a_generous_budget_trains(tiny_target, regenerated, tmp_path, monkeypatch):
+    # Regression: with no step measured yet, the validation-time estimate divided by zero
+    # tokens, reserved hours and stopped a 9-minute H200 run at step 0. A clock that
+    # advances 5 s per reading makes the first reading's "elapsed" large, as on the H200.
+    data = _fresh(regenerated, tmp_path)
+    ticks = iter(range(0, 10**6, 5))
+    monkeypatch.setattr(time, "time", lambda: float(next(ticks)))
+    res = run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=5, **FAST), time_budget_s=3000)
+    assert res["steps"] == 5 and not res["stopped_by_clock"]
 
 
 def test_offline_features_train(tiny_target, regenerated, tmp_path):
