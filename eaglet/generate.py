@@ -85,6 +85,29 @@ def prefill(target: Target, cache, prompts: list[list[int]], n_slots: int | None
     return model.logits(last)
 
 
+def decode_step(model, cache, static: bool, compile: bool = False,
+                graph: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """ids [B, 1] -> logits [B, V], written at the slot above ``cache.lens`` (not advanced).
+
+    ``static``: attend over the whole cache (the shapes a CUDA graph needs); ``compile``
+    fuses the step; ``graph`` captures it for replay. The speculative engine's plain
+    fallback is this same step, so falling back costs what plain decoding costs.
+    """
+    n_slots = cache.capacity if static else None
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        h, _ = model(ids, cache.append_meta(1, n_slots), cache)
+        return model.logits(h[:, -1])
+
+    if compile:
+        step = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+    if not graph:
+        return step
+    from eaglet.cuda_graph import GraphedStep
+
+    return GraphedStep(step, torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.lens.device))
+
+
 class PlainGenerator:
     def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None,
                  compile: bool | None = None):
@@ -107,21 +130,11 @@ class PlainGenerator:
         return cache
 
     def _step_fn(self, cache) -> Callable[[torch.Tensor], torch.Tensor]:
-        model, n_slots = self.target.model, (self.capacity if self.use_graphs else None)
-
-        def step(ids: torch.Tensor) -> torch.Tensor:  # ids [B, 1] -> logits [B, V]
-            h, _ = model(ids, cache.append_meta(1, n_slots), cache)
-            return model.logits(h[:, -1])
-
-        if not self.use_graphs:
-            return step
-        if self.compile:
-            step = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
         b = cache.batch
+        if not self.use_graphs:
+            return decode_step(self.target.model, cache, static=False)
         if b not in self._graphs:
-            from eaglet.cuda_graph import GraphedStep
-
-            self._graphs[b] = GraphedStep(step, torch.zeros(b, 1, dtype=torch.long, device=self.device))
+            self._graphs[b] = decode_step(self.target.model, cache, True, self.compile, graph=True)
         return self._graphs[b]
 
     @torch.inference_mode()

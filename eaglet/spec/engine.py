@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 
 from eaglet.errors import EagletError
-from eaglet.generate import Completion, StopChecker, context_size
+from eaglet.generate import Completion, StopChecker, context_size, decode_step
 from eaglet.loading.target import Target
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample
@@ -227,22 +227,11 @@ class SpecEngine:
         return self._steps[key]
 
     def _plain_step(self, tcache) -> Callable[[torch.Tensor], torch.Tensor]:
-        """ids [B, 1] -> logits [B, V], written at the slot above lens (lens is not advanced)."""
+        """PlainGenerator's step (compiled and graphed on CUDA): the fallback and the yardstick."""
         b = tcache.batch
         if b not in self._plain:
-            model, n_slots = self.target.model, (tcache.capacity if self.static_shapes else None)
-
-            def step(ids):
-                h, _ = model(ids, tcache.append_meta(1, n_slots), tcache)
-                return model.logits(h[:, -1])
-
-            if self.compile:
-                step = torch.compile(step, dynamic=False)
-            if self.use_graphs:
-                from eaglet.cuda_graph import GraphedStep
-
-                step = GraphedStep(step, torch.zeros(b, 1, dtype=torch.long, device=self.device))
-            self._plain[b] = step
+            self._plain[b] = decode_step(self.target.model, tcache, self.static_shapes,
+                                         compile=self.use_graphs and self.device.type == "cuda", graph=self.use_graphs)
         return self._plain[b]
 
     def _time_plain(self, tcache, roots: torch.Tensor) -> float:
