@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result on the last line")
     _add_spec_options(g)
+    _add_engine_compile(g)
     _add_bench_parser(sub)
     _add_training_parsers(sub)
     _add_doctor_parser(sub)
@@ -112,6 +113,12 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="tree nodes verified, root included (default: automatic); set all three or none")
 
 
+def _add_engine_compile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", action="store_true",
+                   help="fuse the speculative engine's steps with torch.compile before graph capture "
+                        "(CUDA; about a minute per batch size and tree; docs/speculative.md)")
+
+
 def _add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="side-by-side speed: plain, speculative, transformers generate, prompt lookup")
     _add_target(b)
@@ -124,6 +131,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
     b.add_argument("--out", required=True, help="directory for report.json and report.png")
     _add_spec_options(b)
+    _add_engine_compile(b)
     _add_tp(b)
 
 
@@ -136,7 +144,7 @@ def cmd_bench(args) -> int:
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
                       device=device, dtype=dtype, max_context=args.max_context,
-                      tree=(args.num_steps, args.topk, args.num_draft_tokens))
+                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile)
     if _tp_job(args):
         from eaglet.parallel.commands import bench_tp
 

@@ -47,6 +47,7 @@ class BenchConfig:
     dtype: torch.dtype = torch.float32
     max_context: int | None = None
     tree: tuple[int | None, int | None, int | None] = (None, None, None)
+    compile_engine: bool = False  # torch.compile the speculative engine's steps
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -112,7 +113,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
             log_(msg)
 
         generators["spec"] = SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context,
-                                        *cfg.tree, log=log)
+                                        *cfg.tree, log=log, compile=cfg.compile_engine)
     hf = HFRunner(target, cfg.dtype, cfg.device) if {"hf", "hf-lookup"} & set(cfg.methods) else None
 
     def run(method: str, batch: list[list[int]], p: SamplingParams) -> list[Run]:
@@ -138,6 +139,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
         "top_k": cfg.top_k, "seed": cfg.seed, "batch_size": cfg.batch_size, "device": cfg.device, "tp": tp.size,
         "dtype": str(cfg.dtype).removeprefix("torch."), "tree_flags": list(cfg.tree), "spec_decisions": decisions,
+        "compile_engine": cfg.compile_engine,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),

@@ -80,11 +80,19 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
         if args.draft == "default" and main:
             print(f"eaglet: no default draft ships for {args.target}; plain decoding", file=sys.stderr)
         gen = PlainGenerator(target, args.max_context)
-    else:
+    streamed, held = [False], []  # the engine's notes wait for the end of a streamed line
+
+    def note(msg: str) -> None:
+        if streamed[0]:
+            held.append(msg)
+        else:
+            print(f"eaglet: {msg}", file=sys.stderr)
+
+    if draft_path is not None:
         if main:
             print(f"eaglet: draft {draft_path}", file=sys.stderr)
         gen = SpecEngine(target, load_engine_draft(draft_path, target), args.max_context, args.num_steps,
-                         args.topk, args.num_draft_tokens)
+                         args.topk, args.num_draft_tokens, log=note, compile=args.compile)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)
     on_token = None
     if main:
@@ -93,12 +101,15 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
         streamer = TextStreamer(target.tokenizer, skip_special_tokens=True)
 
         def on_token(_row: int, t: int) -> None:
+            streamed[0] = True
             streamer.put(torch.tensor([t]))
 
     [done] = gen.generate([prompt], params, on_token=on_token)
     if main:
         streamer.end()
         sys.stdout.flush()
+        for msg in held:
+            print(f"eaglet: {msg}", file=sys.stderr)
     accept = done.accept_lengths
     return {
         "text": target.tokenizer.decode(done.tokens, skip_special_tokens=True),

@@ -25,9 +25,10 @@ def resolve_draft(spec: str, target: Target) -> Path | None:
 
 
 def load_engine_draft(path: Path, target: Target):
-    """The draft at ``path``, on the target's device and in its dtype."""
-    from eaglet.draft.checkpoint import load_draft
+    """The draft at ``path``, on the target's device and in its dtype; a draft recorded for
+    another target (hidden size, vocabulary, layers, tokenizer) is refused."""
+    from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
-    draft, _ = load_draft(path, target.config.num_layers, device=p.device, dtype=p.dtype)
+    draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
     return draft

@@ -13,6 +13,7 @@ from eaglet.draft.compat import check_draft_target, import_draft, load_draft_for
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab, token_counts
 from eaglet.errors import EagletError
+from eaglet.spec.load import load_engine_draft
 from tests.train.helpers import load_tiny, make_tiny_target_dir, tiny_tokenizer
 
 
@@ -95,6 +96,8 @@ def test_mismatched_target_is_one_clear_error(tiny_target, tmp_path):
     swapped = type(tiny_target)(tiny_target.model, tok, tiny_target.config, "tiny", tiny_target.path)
     with pytest.raises(EagletError, match="tokenizer"):
         check_draft_target(cfg, swapped)
+    with pytest.raises(EagletError, match="tokenizer"):  # serving (generate, bench) refuses it too
+        load_engine_draft(tmp_path / "d", swapped)
 
 
 def test_draft_vocabulary():
