@@ -7,6 +7,7 @@ cache (static shapes); on CPU it attends only over the slots in use.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ def decode_step(model, cache, static: bool, compile: bool = False,
         return model.logits(h[:, -1])
 
     if compile:
+        # Autotuning runs at the first call; at batch 64 on an H200 it took over two minutes.
+        print(f"eaglet: compiling the decode step for batch {cache.batch} (first use at this batch size; "
+              "autotuning can take minutes)", file=sys.stderr)
         step = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
     if not graph:
         return step
