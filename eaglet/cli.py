@@ -116,7 +116,7 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
 def _add_engine_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="fuse the speculative engine's steps with torch.compile before graph capture "
-                        "(CUDA; about a minute per batch size and tree; docs/speculative.md)")
+                        "(CUDA; compiles once per batch size and tree, minutes on first use; docs/speculative.md)")
 
 
 def _add_bench_parser(sub) -> None:
