@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from eaglet.capture import CaptureSpec
 from eaglet.doctor import contract as contract_check
@@ -30,20 +29,11 @@ from eaglet.doctor.tp import check_tp
 from eaglet.errors import EagletError
 from eaglet.generate import context_size
 from eaglet.loading.target import load_target
-from eaglet.spec.load import default_draft_path
+from eaglet.spec.load import resolve_draft
 
 
 def note(msg: str) -> None:
     print(f"eaglet: doctor: {msg}", file=sys.stderr, flush=True)
-
-
-def resolve_draft_path(spec: str, target_name: str) -> Path:
-    if spec == "default":
-        path = default_draft_path(target_name)
-        if path is None:
-            raise EagletError(f"no default draft ships for {target_name}; pass --draft DIR")
-        return path
-    return Path(spec).expanduser()
 
 
 def serve_tokens(cfg: DoctorConfig) -> int:
@@ -91,9 +81,12 @@ def _draft_checks(target, draft, spec: CaptureSpec, con, cfg: DoctorConfig, samp
 
 def run_doctor(cfg: DoctorConfig, log=note) -> Report:
     start = time.perf_counter()
-    draft_path = resolve_draft_path(cfg.draft, cfg.target)
     log(f"loading {cfg.target}")
     target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    draft_path = resolve_draft(cfg.draft, target)
+    if draft_path is None:
+        why = "the doctor checks a draft" if cfg.draft == "none" else f"no default draft ships for {cfg.target}"
+        raise EagletError(f"{why}; pass --draft DIR")
     tc = target.config
     con = contract_check.check_contract(target, draft_path, cfg.features, cfg.dtype, cfg.device)
     draft, spec = con.draft, con.assumed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from eaglet.loading.target import Target
@@ -15,12 +16,28 @@ def default_draft_path(target_name: str) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+def shipped_draft_for(target: Target) -> Path | None:
+    """The shipped draft whose recorded target is this one (same tokenizer and sizes), whatever
+    the target was called: the embedded name, its GGUF file or a converted directory."""
+    from eaglet.draft.compat import mismatches, target_identity
+
+    found = default_draft_path(target.name)
+    if found is not None or not DRAFTS_DIR.is_dir():
+        return found
+    actual = target_identity(target)
+    for cfg_path in sorted(DRAFTS_DIR.glob("*/config.json")):
+        recorded = (json.loads(cfg_path.read_text()).get("eaglet") or {}).get("target") or {}
+        if recorded.get("tokenizer_hash") and not mismatches(recorded, actual):
+            return cfg_path.parent
+    return None
+
+
 def resolve_draft(spec: str, target: Target) -> Path | None:
     """'none' -> None; 'default' -> the shipped draft or None; anything else -> that directory."""
     if spec == "none":
         return None
     if spec == "default":
-        return default_draft_path(target.name)
+        return shipped_draft_for(target)
     return Path(spec).expanduser()
 
 

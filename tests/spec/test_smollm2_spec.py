@@ -55,3 +55,12 @@ def test_greedy_identical_to_plain(engine_and_plain, prompts, tree):
     assert [o.tokens for o in batch] == ref
     accept = [a for o in batch for a in o.accept_lengths]
     assert sum(accept) / len(accept) > 1.5, "a trained draft is accepted more than a random one"
+
+
+def test_the_shipped_draft_is_found_by_identity_not_only_by_name():
+    from eaglet.loading import load_target
+    from eaglet.spec.load import resolve_draft
+
+    by_file = load_target(str(smollm2_gguf()))  # the same model, named by its GGUF path
+    assert resolve_draft("default", by_file) == DRAFT
+    assert resolve_draft("none", by_file) is None
