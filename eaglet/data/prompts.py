@@ -3,7 +3,9 @@
 A line is one JSON object in the OpenAI ``messages`` form or the ShareGPT
 ``conversations`` (``from``/``value``) form, multi-turn (see ``eaglet.chat.as_messages``).
 Optional fields: ``id`` (else a hash of the messages), ``split`` (``train``/``val``),
-``source``, ``finish_reason`` (``length`` marks an answer cut at max_new_tokens).
+``source``, ``finish_reason`` (``length`` marks an answer cut at max_new_tokens),
+``answer_ids`` (the target's own token ids of the last assistant message, as
+``data regenerate`` writes them: training then reads exactly what the target produced).
 Malformed lines are skipped and counted, and the count is printed; a dataset with no
 usable line is one clear error. ``.jsonl.gz`` files are read transparently.
 """
@@ -32,6 +34,7 @@ class Conversation:
     split: str | None = None  # "train" / "val" when the file says so
     source: str | None = None
     truncated: bool = False  # the last assistant answer was cut at the length limit
+    answer_ids: tuple[int, ...] | None = None  # the target's token ids of the last assistant message
 
     @property
     def has_answer(self) -> bool:
@@ -68,9 +71,16 @@ def parse_record(record: object) -> Conversation:
     if split is not None and split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     msgs = tuple({"role": m["role"], "content": m["content"]} for m in messages)
+    answer_ids = record.get("answer_ids")
+    if answer_ids is not None:
+        if msgs[-1]["role"] != "assistant":
+            raise ValueError("answer_ids given but the conversation does not end with an assistant message")
+        if not isinstance(answer_ids, list) or not all(isinstance(t, int) and t >= 0 for t in answer_ids):
+            raise ValueError("answer_ids must be a list of non-negative token ids")
+        answer_ids = tuple(answer_ids)
     return Conversation(id=str(rid) if isinstance(rid, (str, int)) else conversation_id(msgs), messages=msgs,
                         split=split, source=record.get("source"),
-                        truncated=record.get("finish_reason") == "length")
+                        truncated=record.get("finish_reason") == "length", answer_ids=answer_ids)
 
 
 def read_jsonl(path: str | Path) -> tuple[list[Conversation], int]:

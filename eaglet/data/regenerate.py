@@ -108,7 +108,7 @@ def regenerate(target: Target, prompts: list[Conversation], out: Path, params: S
                 lines.append(json.dumps({
                     "id": c.id, "messages": [*c.prompt(), {"role": "assistant", "content": answer}],
                     "split": c.split, "source": c.source, "finish_reason": o.finish_reason,
-                    "prompt_tokens": len(ids), "completion_tokens": len(o.tokens),
+                    "prompt_tokens": len(ids), "completion_tokens": len(o.tokens), "answer_ids": o.tokens,
                 }, ensure_ascii=False) + "\n")
                 stats.tokens += len(o.tokens)
             fh.write("".join(lines))  # one write per batch: a crash leaves at most a partial last line

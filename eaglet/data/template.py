@@ -11,6 +11,12 @@ Inside an answer span the mask keeps tokens up to and including the first end-of
 (EOS) token: the draft must learn to predict it, but never the template's text after it
 (a newline the target does not generate, since decoding stops at EOS). An answer cut
 at the length limit keeps no EOS: the target would not have ended there.
+
+A conversation that carries the target's own ids for its last answer (``answer_ids``,
+written by ``data regenerate``) is assembled as tokens(text before the answer) + those
+ids + tokens(text after it), so training reads exactly the sequence the target produced:
+re-encoding the decoded text gives other tokens for a few percent of answers (3.4% of
+3,000 SmolLM2 answers changed their token count).
 """
 
 from __future__ import annotations
@@ -60,14 +66,37 @@ def tokenize_conversations(tokenizer, convs: Sequence[Conversation], eos_ids: se
     out: list[Tokenized | None] = []
     for lo in range(0, len(convs), chunk):
         part = convs[lo: lo + chunk]
-        rendered = [answer_spans(tokenizer, c.messages) for c in part]
-        enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
-        for c, (_, spans), ids, offsets in zip(part, rendered, enc["input_ids"], enc["offset_mapping"]):
-            mask = _mask(ids, offsets, spans, eos_ids, c.truncated)
+        pieces = [_pieces(c, *answer_spans(tokenizer, c.messages)) for c in part]
+        enc = tokenizer([t for p in pieces for t in p[0]], add_special_tokens=False, return_offsets_mapping=True)
+        k = 0
+        for c, (texts, spans) in zip(part, pieces):
+            if len(texts) == 1:  # re-encode the whole text
+                ids, offsets = enc["input_ids"][k], enc["offset_mapping"][k]
+                mask = _mask(ids, offsets, spans, eos_ids, c.truncated)
+            else:  # text before the answer, the target's ids, text after it
+                (pre, post), (pre_off, post_off) = enc["input_ids"][k: k + 2], enc["offset_mapping"][k: k + 2]
+                ids = [*pre, *c.answer_ids, *post]
+                mask = (_mask(pre, pre_off, spans[:-1], eos_ids, False) + [True] * len(c.answer_ids)
+                        + _mask(post, post_off, spans[-1:], eos_ids, c.truncated))
+            k += len(texts)
             if max_len is not None:
                 ids, mask = ids[:max_len], mask[:max_len]
             out.append(Tokenized(list(ids), mask) if any(mask) else None)
     return out
+
+
+def _pieces(c: Conversation, text: str, spans: list[tuple[int, int]]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The texts to tokenize for ``c`` and the answer spans in their coordinates.
+
+    With ``answer_ids`` and the answer's text found verbatim where its span starts: the text
+    before the answer and the text after it, the last span now covering, in the second
+    text, what the template adds after the answer up to the span's end. Else the whole text.
+    """
+    content = c.messages[-1]["content"] if c.messages[-1]["role"] == "assistant" else None
+    if c.answer_ids is None or content is None or not spans or not text.startswith(content, spans[-1][0]):
+        return [text], spans
+    cut = spans[-1][0] + len(content)
+    return [text[: spans[-1][0]], text[cut:]], [*spans[:-1], (0, spans[-1][1] - cut)]
 
 
 def _mask(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]],

