@@ -102,3 +102,23 @@ def test_generate_partial_tree_flags(chat_model_dir, draft_dir, capsys):
     rc = main(["generate", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompt", "hi",
                "--num-steps", "4"])
     assert rc == 2 and "missing: --topk, --num-draft-tokens" in capsys.readouterr().err
+
+
+def test_compile_flag_reaches_the_engine(chat_model_dir, draft_dir, tmp_path, monkeypatch, capsys):
+    import eaglet.spec
+    from eaglet.spec import SpecEngine
+
+    asked = []
+
+    class Recording(SpecEngine):  # records the flag, runs eagerly (compiling on CPU would take minutes)
+        def __init__(self, *a, compile=None, **kw):
+            asked.append(compile)
+            super().__init__(*a, compile=False, **kw)
+
+    monkeypatch.setattr(eaglet.spec, "SpecEngine", Recording)
+    common = ["--target", str(chat_model_dir), "--draft", str(draft_dir), "--max-new-tokens", "4"]
+    assert main(["generate", *common, "--prompt", "the fox", "--compile"]) == 0
+    assert main(["generate", *common, "--prompt", "the fox"]) == 0
+    assert main(["bench", *common, "--methods", "spec", "--limit", "1", "--out", str(tmp_path), "--compile"]) == 0
+    assert asked == [True, False, True]
+    assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_engine"] is True
