@@ -138,7 +138,7 @@ class PlainGenerator:
         if not self.use_graphs:
             return decode_step(self.target.model, cache, static=False)
         if b not in self._graphs:
-            self._graphs[b] = decode_step(self.target.model, cache, True, self.compile, graph=True)
+            self._graphs[b] = decode_step(self.target.model, cache, static=True, compile=self.compile, graph=True)
         return self._graphs[b]
 
     @torch.inference_mode()

@@ -92,8 +92,10 @@ def _pieces(c: Conversation, text: str, spans: list[tuple[int, int]]) -> tuple[l
     before the answer and the text after it, the last span now covering, in the second
     text, what the template adds after the answer up to the span's end. Else the whole text.
     """
-    content = c.messages[-1]["content"] if c.messages[-1]["role"] == "assistant" else None
-    if c.answer_ids is None or content is None or not spans or not text.startswith(content, spans[-1][0]):
+    if c.answer_ids is None:  # parse_record only gives answer_ids to a conversation ending in an answer
+        return [text], spans
+    content = c.messages[-1]["content"]
+    if not text.startswith(content, spans[-1][0]):
         return [text], spans
     cut = spans[-1][0] + len(content)
     return [text[: spans[-1][0]], text[cut:]], [*spans[:-1], (0, spans[-1][1] - cut)]

@@ -80,10 +80,10 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
         if args.draft == "default" and main:
             print(f"eaglet: no default draft ships for {args.target}; plain decoding", file=sys.stderr)
         gen = PlainGenerator(target, args.max_context)
-    streamed, held = [False], []  # the engine's notes wait for the end of a streamed line
+    streaming, held = False, []  # the engine's notes wait for the end of a streamed line
 
     def note(msg: str) -> None:
-        if streamed[0]:
+        if streaming:
             held.append(msg)
         else:
             print(f"eaglet: {msg}", file=sys.stderr)
@@ -101,7 +101,8 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
         streamer = TextStreamer(target.tokenizer, skip_special_tokens=True)
 
         def on_token(_row: int, t: int) -> None:
-            streamed[0] = True
+            nonlocal streaming
+            streaming = True
             streamer.put(torch.tensor([t]))
 
     [done] = gen.generate([prompt], params, on_token=on_token)

@@ -231,7 +231,7 @@ class SpecEngine:
         b = tcache.batch
         if b not in self._plain:
             self._plain[b] = decode_step(self.target.model, tcache, self.static_shapes,
-                                         compile=self.use_graphs and self.device.type == "cuda", graph=self.use_graphs)
+                                         compile=self.use_graphs, graph=self.use_graphs)
         return self._plain[b]
 
     def _time_plain(self, tcache, roots: torch.Tensor) -> float:
