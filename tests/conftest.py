@@ -74,6 +74,22 @@ def save_and_load(hf_model, path: Path):
     return load_ours(path)
 
 
+def save_random_draft(target_dir: Path, out: Path, draft_vocab: int) -> Path:
+    """A seeded random EAGLE-3 draft for the model in ``target_dir`` (EAGLE-3's default points,
+    draft ids 0..draft_vocab-1), saved in float32 at ``out``."""
+    from eaglet.capture import CaptureSpec
+    from eaglet.draft.checkpoint import save_draft
+    from eaglet.draft.model import DraftConfig, Eagle3Draft
+    from eaglet.loading.hf import read_config
+
+    cfg = read_config(target_dir)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), draft_vocab))
+    draft.set_vocab(torch.arange(draft_vocab))
+    save_draft(draft, out, dtype=torch.float32)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Run a module with one intra-op thread (restored afterwards).

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from eaglet.capture import CaptureSpec
-from eaglet.draft.checkpoint import save_draft
-from eaglet.draft.model import DraftConfig, Eagle3Draft
-from tests.conftest import make_hf_model
+from tests.conftest import make_hf_model, save_random_draft
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -43,12 +39,4 @@ def chat_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def draft_dir(chat_model_dir, tmp_path_factory):
-    from eaglet.loading.hf import read_config
-
-    cfg = read_config(chat_model_dir)
-    torch.manual_seed(0)
-    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), 160))
-    draft.set_vocab(torch.arange(160))
-    path = tmp_path_factory.mktemp("drafts") / "tiny-draft"
-    save_draft(draft, path, dtype=torch.float32)
-    return path
+    return save_random_draft(chat_model_dir, tmp_path_factory.mktemp("drafts") / "tiny-draft", 160)

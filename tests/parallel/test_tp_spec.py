@@ -28,7 +28,7 @@ from eaglet.parallel.launch import rank_device, run_tp
 from eaglet.parallel.state import SINGLE, TPGroup
 from eaglet.sampling import SamplingParams
 from eaglet.spec import SpecEngine
-from tests.conftest import make_hf_model
+from tests.conftest import make_hf_model, save_random_draft
 from tests.spec.conftest import CharTokenizer, echo_draft, random_draft
 from tests.train.helpers import make_tiny_target_dir, prompts, write_jsonl
 
@@ -169,18 +169,8 @@ def test_smollm2_tp3_greedy_speculative_equals_tp1(tmp_path_factory, monkeypatch
 @pytest.fixture(scope="module")
 def chat_dirs(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny chat model directory (vocab 260, 4 heads, 2 KV heads) and a random draft for it."""
-    from eaglet.capture import CaptureSpec
-    from eaglet.draft.model import DraftConfig, Eagle3Draft
-    from eaglet.loading.hf import read_config
-
     path = make_tiny_target_dir(tmp_path_factory.mktemp("tp-chat"))
-    cfg = read_config(path)
-    torch.manual_seed(0)
-    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), 128))
-    draft.set_vocab(torch.arange(128))
-    draft_dir = tmp_path_factory.mktemp("tp-chat-draft") / "draft"
-    save_draft(draft, draft_dir, dtype=torch.float32)
-    return path, draft_dir
+    return path, save_random_draft(path, tmp_path_factory.mktemp("tp-chat-draft") / "draft", 128)
 
 
 def _generate_args(chat_dirs, tp: int) -> list[str]:

@@ -43,12 +43,9 @@ def random_draft(target: Target, seed: int = 0, draft_vocab: int | None = None, 
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are op-overhead bound; with other jobs on the cores, OpenMP threads only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_thread(one_thread):
+    """Every test here runs on one thread: the root conftest's fixture, made automatic."""
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

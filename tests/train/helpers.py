@@ -74,13 +74,10 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is as fast, and far faster when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+@pytest.fixture(autouse=True, scope="module")
+def one_thread(one_thread):
+    """Every test here runs on one thread: the root conftest's fixture, made automatic."""
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")
