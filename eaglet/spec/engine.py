@@ -312,10 +312,14 @@ class SpecEngine:
     def _decode_plain(self, rows: _Rows, tcache, roots, params, gen) -> None:
         """Plain decoding from the committed caches (the pending tokens are not yet in them)."""
         step = self._plain_step(tcache) if not all(rows.done) else None
+        # Rows that are done stop advancing; updated when a row ends, not uploaded every step.
+        active = torch.tensor([0 if d else 1 for d in rows.done], device=self.device)
         while not all(rows.done):
             logits = step(roots.view(-1, 1))
-            tcache.advance(torch.tensor([0 if d else 1 for d in rows.done], device=self.device))
+            tcache.advance(active)
             roots = self._sample(logits, params, gen)
             for i, t in enumerate(roots.tolist()):
                 if not rows.done[i]:
                     rows.add(i, [t])
+                    if rows.done[i]:
+                        active[i] = 0
