@@ -70,16 +70,21 @@ class StopChecker:
         return None
 
 
+def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T] and lengths [B]."""
+    lengths = torch.tensor([len(s) for s in seqs], device=device)
+    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long, device=device)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, device=device)
+    return ids, lengths
+
+
 def prefill(target: Target, cache, prompts: list[list[int]], n_slots: int | None = None) -> torch.Tensor:
     """Right-padded batched prefill; returns each row's last-position logits [B, V]."""
     model = target.model
     dev = cache.lens.device
-    lengths = torch.tensor([len(p) for p in prompts], device=dev)
-    t = int(lengths.max())
-    ids = torch.zeros(len(prompts), t, dtype=torch.long, device=dev)
-    for i, p in enumerate(prompts):
-        ids[i, : len(p)] = torch.tensor(p, device=dev)
-    meta = cache.append_meta(t, n_slots)
+    ids, lengths = pad_batch(prompts, dev)
+    meta = cache.append_meta(ids.shape[1], n_slots)
     h, _ = model(ids, meta, cache)
     cache.advance(lengths)
     last = h[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, H]

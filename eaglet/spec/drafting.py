@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from eaglet.generate import pad_batch
 from eaglet.kv_cache import KVCache
-from eaglet.spec.verify import pad_batch
 
 
 def _clamped(meta, max_pos: int):

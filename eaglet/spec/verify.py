@@ -12,18 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from eaglet.generate import pad_batch
 from eaglet.kv_cache import KVCache
 from eaglet.models.llama import Transformer
 from eaglet.spec.tree import Tree
-
-
-def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T] and lengths [B]."""
-    lengths = torch.tensor([len(s) for s in seqs], device=device)
-    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long, device=device)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, device=device)
-    return ids, lengths
 
 
 def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]],
