@@ -1,11 +1,13 @@
 """Preallocated KV cache addressed by slot, and the attention metadata that drives it.
 
 Each sequence ``b`` owns slots ``0..capacity-1`` of its row. ``lens[b]`` slots are
-committed. A forward writes new K/V at explicit ``slots`` and attends through an
-explicit boolean mask over slots, so the same forward serves prefill, decode, and a
-tree of draft tokens (tree mask, per-node positions). After verification ``commit``
-moves the accepted path to contiguous slots; the rest is rolled back simply by not
-counting it (masks never expose slots at or beyond ``lens`` except the new tokens).
+committed. A forward writes its ``T`` new tokens' K/V at explicit ``slots`` (some of
+``lens..lens+E-1``) and each new token sees every committed slot plus those of the ``E``
+new slots its row of ``extra`` marks, so the same forward serves prefill and decode
+(causal ``extra``), a tree of draft tokens (the tree mask, per-node positions) and the
+draft's frontier steps. After verification ``commit`` moves the accepted path to
+contiguous slots; the rest is rolled back simply by not counting it (nothing ever sees
+slots at or beyond ``lens`` except the new tokens).
 """
 
 from __future__ import annotations
@@ -19,11 +21,31 @@ from eaglet.errors import EagletError
 
 @dataclass
 class AttnMeta:
-    """Where new tokens go and what they see."""
+    """Where new tokens go and what they see.
+
+    Over a cache: ``lens`` and ``extra`` (the compact form the CUDA kernel reads; ``mask``
+    is built from them only for SDPA, over ``n_slots`` slots, or just those in use).
+    Without a cache (training, capture): ``mask`` over the tokens themselves.
+    """
 
     positions: torch.Tensor  # [B, T] rotary positions
     slots: torch.Tensor  # [B, T] cache slots written
-    mask: torch.Tensor  # [B, 1, T, S] True = attend; S = number of slots attended
+    mask: torch.Tensor | None = None  # [B, 1, T, S] True = attend
+    lens: torch.Tensor | None = None  # [B] committed slots, seen by every new token
+    extra: torch.Tensor | None = None  # [B, T, E] new token t sees slot lens + e
+    n_slots: int | None = None  # S of the dense mask (static shapes); None: the slots in use
+
+    def dense_mask(self) -> torch.Tensor:
+        """[B, 1, T, S] True = attend."""
+        if self.mask is not None:
+            return self.mask
+        b, t, e = self.extra.shape
+        s = self.n_slots if self.n_slots is not None else int(self.lens.max()) + e
+        slot = torch.arange(s, device=self.lens.device).view(1, 1, s)
+        lens = self.lens.view(-1, 1, 1)
+        rel = (slot - lens).clamp(0, e - 1).expand(b, t, s)  # [B, T, S]
+        new = (slot >= lens) & (slot < lens + e)
+        return ((slot < lens) | (self.extra.gather(2, rel) & new)).unsqueeze(1)
 
 
 class KVCache:
@@ -63,10 +85,8 @@ class KVCache:
         """Causal metadata for ``n_new`` tokens appended after each row's committed slots."""
         offs = torch.arange(n_new, device=self.lens.device)
         positions = self.lens.unsqueeze(1) + offs  # [B, T]
-        s = n_slots if n_slots is not None else int(self.lens.max()) + n_new
-        slot_ids = torch.arange(s, device=self.lens.device)
-        mask = slot_ids.view(1, 1, 1, s) <= positions.view(-1, 1, n_new, 1)  # [B, 1, T, S]
-        return AttnMeta(positions, positions, mask)
+        causal = (offs.view(1, -1) <= offs.view(-1, 1)).expand(self.batch, n_new, n_new)  # [B, T, T]
+        return AttnMeta(positions, positions, lens=self.lens, extra=causal, n_slots=n_slots)
 
     def tree_meta(self, depth: torch.Tensor, tree_mask: torch.Tensor, n_slots: int | None = None) -> AttnMeta:
         """Metadata for a tree of ``n`` nodes written after the committed slots.
@@ -77,13 +97,7 @@ class KVCache:
         n = depth.shape[1]
         lens = self.lens.view(-1, 1)
         slots = lens + torch.arange(n, device=lens.device)  # [B, n]
-        s = n_slots if n_slots is not None else int(self.lens.max()) + n
-        slot_ids = torch.arange(s, device=lens.device).view(1, 1, s)
-        committed = slot_ids < lens.unsqueeze(-1)  # [B, 1, S]
-        rel = (slot_ids - lens.unsqueeze(-1)).clamp(0, n - 1).expand(-1, n, -1)  # [B, n, S]
-        in_tree = (slot_ids >= lens.unsqueeze(-1)) & (slot_ids < (lens + n).unsqueeze(-1))
-        tree_vis = torch.gather(tree_mask, 2, rel) & in_tree  # [B, n, S]
-        return AttnMeta(lens + depth, slots, (committed | tree_vis).unsqueeze(1))
+        return AttnMeta(lens + depth, slots, lens=self.lens, extra=tree_mask, n_slots=n_slots)
 
     def commit(self, accepted: torch.Tensor, n_accepted: torch.Tensor) -> None:
         """Keep the accepted nodes of the last tree write, in order, and drop the rest.

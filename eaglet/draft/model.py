@@ -23,7 +23,7 @@ from torch import nn
 from eaglet.capture import CaptureSpec
 from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
-from eaglet.models.attention import attention
+from eaglet.models.attention import attention, cached_attention
 from eaglet.models.config import ModelConfig
 from eaglet.models.layers import RMSNorm, Rotary, apply_rotary
 
@@ -84,17 +84,17 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.n_kv, self.d)
         if cache is not None:
             cache.write(0, k, v, meta.slots)
-            keys, vals = cache.view(0, meta.mask.shape[-1])  # [B, nkv, S, D]
-        else:
-            # Training-time test: keys are every earlier step's K/V plus this step's.
-            past.append((k.transpose(1, 2), v.transpose(1, 2)))
-            keys = torch.cat([p[0] for p in past], dim=2)  # [B, nkv, steps*T, D]
-            vals = torch.cat([p[1] for p in past], dim=2)
-            if keys.is_cuda and self.n_q != self.n_kv:
-                # With GQA and a mask, SDPA falls back to float32 math (measured ~60% of an H200
-                # training step); with K/V expanded per query head its memory-efficient kernel applies.
-                keys = keys.repeat_interleave(self.n_q // self.n_kv, dim=1)  # [B, nq, steps*T, D]
-                vals = vals.repeat_interleave(self.n_q // self.n_kv, dim=1)
+            out = cached_attention(q, cache, 0, meta)  # [B, T, nq, D]
+            return self.o_proj(out.reshape(b, t, self.n_q * self.d))
+        # Training-time test: keys are every earlier step's K/V plus this step's.
+        past.append((k.transpose(1, 2), v.transpose(1, 2)))
+        keys = torch.cat([p[0] for p in past], dim=2)  # [B, nkv, steps*T, D]
+        vals = torch.cat([p[1] for p in past], dim=2)
+        if keys.is_cuda and self.n_q != self.n_kv:
+            # With GQA and a mask, SDPA falls back to float32 math (measured ~60% of an H200
+            # training step); with K/V expanded per query head its memory-efficient kernel applies.
+            keys = keys.repeat_interleave(self.n_q // self.n_kv, dim=1)  # [B, nq, steps*T, D]
+            vals = vals.repeat_interleave(self.n_q // self.n_kv, dim=1)
         out = attention(q.transpose(1, 2), keys, vals, meta.mask)  # [B, nq, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_q * self.d))
 

@@ -1,21 +1,47 @@
 """Attention over a slot-addressed KV cache, with grouped-query heads.
 
-Two implementations of one function. PyTorch's SDPA is used for long query
-blocks (prefill) and on CPU. For the short query blocks of decode, draft steps and
-tree verification on CUDA, a grouped formulation (each KV head serves its group of
-query heads through a reshape, no K/V repeat) lets torch.compile fuse mask and
-softmax into few kernels; with a boolean mask and GQA, SDPA falls back to a path
-that copies K/V per query head.
+Three implementations of one function. On CUDA, the short query blocks of decode,
+draft steps and tree verification run one Triton kernel per layer (tree_attention.py)
+that reads only the slots in use and applies the mask inside. PyTorch's SDPA serves
+long query blocks (prefill), the CPU, and training. A grouped formulation (each KV
+head serves its group of query heads through a reshape, no K/V repeat) is kept for
+comparison: with a boolean mask and GQA, SDPA falls back to a path that copies K/V
+per query head.
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 
-# "auto": grouped on CUDA for short query blocks, else SDPA; "sdpa" or "grouped" force one.
+from eaglet.kv_cache import AttnMeta, KVCache
+
+# "auto": the Triton kernel on CUDA for short query blocks, else SDPA; "triton", "grouped"
+# or "sdpa" force one where it applies (benchmarks compare them).
 IMPL = "auto"
 GROUPED_MAX_QUERIES = 128
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _kernel_applies(q: torch.Tensor, meta: AttnMeta) -> bool:
+    if IMPL not in ("auto", "triton") or not (q.is_cuda and HAS_TRITON) or meta.extra is None:
+        return False
+    from eaglet.models.tree_attention import MAX_EXTRA
+
+    return meta.extra.shape[-1] <= MAX_EXTRA and q.shape[-1] in (64, 128)
+
+
+def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor:
+    """q [B, T, nq, D] over ``layer`` of the cache (this forward's K/V already written) -> [B, T, nq, D]."""
+    if _kernel_applies(q, meta):
+        from eaglet.models.tree_attention import tree_attention
+
+        return tree_attention(q, cache.k[layer], cache.v[layer], meta.lens, meta.extra)
+    mask = meta.dense_mask()
+    keys, vals = cache.view(layer, mask.shape[-1])  # [B, nkv, S, D]
+    return attention(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from eaglet.kv_cache import AttnMeta, KVCache
-from eaglet.models.attention import attention
+from eaglet.models.attention import attention, cached_attention
 from eaglet.models.config import ModelConfig
 from eaglet.models.layers import (
     MLP,
@@ -50,14 +50,13 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is None:
             # Whole sequences (training, feature capture): plain causal attention.
-            keys, vals = k.transpose(1, 2), v.transpose(1, 2)  # [B, nkv, T, D]
-            mask, causal = (meta.mask if meta is not None else None), meta is None
+            mask = meta.mask if meta is not None else None
+            out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                            causal=meta is None).transpose(1, 2)  # [B, T, nq, D]
         else:
             cache.write(self.layer, k, v, meta.slots)
-            keys, vals = cache.view(self.layer, meta.mask.shape[-1])  # [B, nkv, S, D]
-            mask, causal = meta.mask, False
-        out = attention(q.transpose(1, 2), keys, vals, mask, causal)  # [B, nq, T, D]
-        return self.o(out.transpose(1, 2).reshape(b, t, self.n_q * self.d))
+            out = cached_attention(q, cache, self.layer, meta)  # [B, T, nq, D]
+        return self.o(out.reshape(b, t, self.n_q * self.d))
 
 
 class DecoderLayer(nn.Module):

@@ -121,19 +121,6 @@ def propose(logits: torch.Tensor, k: int, params: SamplingParams, uniform: torch
     return ids, keys.clamp(max=0.0), q
 
 
-def draft_meta(cache: KVCache, positions: torch.Tensor, slots: torch.Tensor, vis: torch.Tensor,
-               region: int, n_slots: int | None) -> AttnMeta:
-    """Draft metadata for frontier nodes: committed slots plus the region slots in ``vis`` [B, T, R]."""
-    lens = cache.lens.view(-1, 1)
-    s = n_slots if n_slots is not None else int(cache.lens.max()) + region
-    slot_ids = torch.arange(s, device=lens.device).view(1, s)
-    committed = (slot_ids < lens).unsqueeze(1)  # [B, 1, S]
-    rel = (slot_ids - lens).clamp(0, region - 1)  # [B, S]
-    in_region = ((slot_ids >= lens) & (slot_ids < lens + region)).unsqueeze(1)  # [B, 1, S]
-    tree_vis = vis.gather(2, rel.unsqueeze(1).expand(-1, vis.shape[1], -1)) & in_region  # [B, T, S]
-    return AttnMeta(positions, slots, (committed | tree_vis).unsqueeze(1))
-
-
 def build_tree(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVCache, cfg: TreeConfig,
                params: SamplingParams, uniform: torch.Tensor | None = None, n_slots: int | None = None) -> Tree:
     """Grow one tree per row from the draft's pre-norm output at the anchor.
@@ -167,7 +154,7 @@ def build_tree(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVC
         vis = vis.scatter(2, own, True)  # each frontier node sees itself
         slots = lens + off + torch.arange(k, device=dev)  # [B, k]
         pos = (lens - 1 + j).clamp(max=max_pos).expand(b, k)
-        meta = draft_meta(cache, pos, slots, vis, cfg.region, n_slots)
+        meta = AttnMeta(pos, slots, lens=cache.lens, extra=vis, n_slots=n_slots)  # sees committed + ancestors
         out = draft(front_in, embed(front_tok), meta, cache)  # [B, k, H]
         u = None if uniform is None else uniform[:, 1 + off: 1 + off + k]
         ids, inc, q = propose(draft.logits(out), k, params, u)  # [B, k, k]

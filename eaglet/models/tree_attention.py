@@ -1,0 +1,97 @@
+"""One Triton kernel for every short query block over the KV cache: decode, draft steps, tree verify.
+
+Each query row ``t`` of batch row ``b`` sees the committed slots ``0..lens[b]-1`` and,
+among the ``E`` slots written after them (``lens[b]..lens[b]+E-1``), those where
+``extra[b, t, e]`` is set: one decode token sees itself (E = 1), a tree node its
+ancestors (E = nodes), a draft frontier node its own ancestors in the scratch region.
+The loop over committed slots stops at ``lens[b]``, so a step costs what the context
+in use costs, not what the cache could hold; the mask is applied inside, never built
+as a [B, 1, T, S] tensor. Grouped-query heads: one program serves the ``G`` query heads
+of one KV head for a block of rows (rows are (token, head-in-group) pairs), so each K/V
+tile is loaded once per group. Online softmax in float32 (FlashAttention's rescaling).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefills) use SDPA
+
+
+@triton.jit
+def _tree_attention(Q, K, V, O, Lens, Extra, scale,
+                    sqb, sqt, sqh, skb, skh, sks, svb, svh, svs, sob, sot, soh, seb, set_,
+                    T, E, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PREC: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    b = pid_bh // NKV
+    kvh = pid_bh % NKV
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] row = token * G + head-in-group
+    tok = rows // G
+    head = kvh * G + rows % G
+    row_ok = tok < T
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * sqb + tok[:, None] * sqt + head[:, None] * sqh + d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [M, D]
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+    lens = tl.load(Lens + b).to(tl.int32)
+    qk_scale = scale * 1.4426950408889634  # exp2 domain
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, lens, BLOCK_N):  # committed slots: every row sees them all
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < lens
+        k = tl.load(k_base + n[None, :] * sks + d[:, None], mask=n_ok[None, :], other=0.0)  # [D, N]
+        s = tl.dot(q, k, input_precision=PREC) * qk_scale  # [M, N]
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_base + n[:, None] * svs + d[None, :], mask=n_ok[:, None], other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    # The new slots lens..lens+E-1, each visible where Extra says so.
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    n = lens + e
+    vis = tl.load(Extra + b * seb + tok[:, None] * set_ + e[None, :],
+                  mask=row_ok[:, None] & e_ok[None, :], other=0) != 0  # [M, E]
+    k = tl.load(k_base + n[None, :] * sks + d[:, None], mask=e_ok[None, :], other=0.0)  # [D, E]
+    s = tl.where(vis, tl.dot(q, k, input_precision=PREC) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see nothing
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    v = tl.load(v_base + n[:, None] * svs + d[None, :], mask=e_ok[:, None], other=0.0)  # [E, D]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(O + b * sob + tok[:, None] * sot + head[:, None] * soh + d[None, :],
+             out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+                   extra: torch.Tensor) -> torch.Tensor:
+    """q [B, T, nq, D]; k/v_cache [B, nkv, S, D]; lens [B]; extra [B, T, E] bool -> [B, T, nq, D]."""
+    b, t, nq, d = q.shape
+    nkv = k_cache.shape[1]
+    g = nq // nkv
+    e = extra.shape[-1]
+    out = torch.empty_like(q)
+    block_m = 16 if t * g <= 16 else 32
+    block_e = max(16, triton.next_power_of_2(e))
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    grid = (b * nkv, triton.cdiv(t * g, block_m))
+    _tree_attention[grid](
+        q, k_cache, v_cache, out, lens, extra, d ** -0.5,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        extra.stride(0), extra.stride(1), t, e,
+        NKV=nkv, G=g, D=d, BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, PREC=prec, num_warps=4,
+    )
+    return out
