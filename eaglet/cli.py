@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result on the last line")
     _add_spec_options(g)
-    _add_engine_compile(g)
+    _add_engine_options(g)
     _add_bench_parser(sub)
     _add_training_parsers(sub)
     _add_doctor_parser(sub)
@@ -113,10 +113,13 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="tree nodes verified, root included (default: automatic); set all three or none")
 
 
-def _add_engine_compile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--compile", action="store_true",
-                   help="fuse the speculative engine's steps with torch.compile before graph capture "
-                        "(CUDA; compiles once per batch size and tree, minutes on first use; docs/speculative.md)")
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="fuse the speculative engine's iteration with torch.compile before graph capture "
+                        "(default: on with CUDA graphs; compiles once per batch size and tree; docs/speculative.md)")
+    p.add_argument("--policy", choices=("auto", "off"), default="auto",
+                   help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
+                        "when speculation is slower; 'off': keep the tree whatever it costs")
 
 
 def _add_bench_parser(sub) -> None:
@@ -131,7 +134,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
     b.add_argument("--out", required=True, help="directory for report.json and report.png")
     _add_spec_options(b)
-    _add_engine_compile(b)
+    _add_engine_options(b)
     _add_tp(b)
 
 
@@ -144,7 +147,8 @@ def cmd_bench(args) -> int:
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
                       device=device, dtype=dtype, max_context=args.max_context,
-                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile)
+                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
+                      policy=args.policy == "auto")
     if _tp_job(args):
         from eaglet.parallel.commands import bench_tp
 

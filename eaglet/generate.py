@@ -106,10 +106,10 @@ def decode_step(model, cache, static: bool, compile: bool = False,
         return model.logits(h[:, -1])
 
     if compile:
-        # Autotuning runs at the first call; at batch 64 on an H200 it took over two minutes.
-        print(f"eaglet: compiling the decode step for batch {cache.batch} (first use at this batch size; "
-              "autotuning can take minutes)", file=sys.stderr)
-        step = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+        # torch.compile's default mode: per-shape max-autotune took minutes a batch size on an H200.
+        print(f"eaglet: compiling the decode step for batch {cache.batch} (first use at this batch size)",
+              file=sys.stderr)
+        step = torch.compile(step, fullgraph=True, dynamic=False)
     if not graph:
         return step
     from eaglet.cuda_graph import GraphedStep

@@ -19,8 +19,8 @@ from eaglet.chat import encode_chat
 from eaglet.generate import PlainGenerator, prefill
 from eaglet.loading import load_target
 from eaglet.sampling import SamplingParams
-from eaglet.spec import SpecEngine
-from eaglet.spec.load import default_draft_path, load_engine_draft
+from eaglet.speculative import SpecEngine
+from eaglet.speculative.load import default_draft_path, load_engine_draft
 
 
 @torch.inference_mode()

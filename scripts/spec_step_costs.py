@@ -1,33 +1,38 @@
-"""What one speculative iteration costs against one plain step, per batch size and tree.
+"""What one speculative iteration costs against one plain step, per batch size and tree, by phase.
 
-    PYTHONPATH=. python scripts/spec_step_costs.py --device cuda --batch 1 4 16 64
+    PYTHONPATH=. python scripts/spec_step_costs.py --device cuda --batch 1 --trees 4,1,5 6,8,48
 
-Random SmolLM2-shaped target and a random 32K-vocabulary draft (costs do not depend on the
-values). After a real prefill of random prompts, each of the engine's three steps (grow,
-verify with greedy acceptance, commit + draft extension with nothing committed) is
-timed on its own with CUDA events, next to the plain decode step at the same batch size.
-Prints one JSON line per batch size; the table in docs/speculative.md came from it.
+Random target of a named shape and a random draft of matching shape (costs do not depend
+on the values). After a real prefill of random prompts, it times (CUDA events, mean of
+replays after warm-up; every row inactive, so nothing is committed):
+- the plain decode step (compiled and graphed, as PlainGenerator runs it);
+- per tree, the engine's whole iteration as one graph, and graphs of its prefixes (draft
+  growth; growth + verify + greedy acceptance), whose differences give the phases;
+- the whole call as the engine makes it (replay, pinned copy, synchronisation): the host gap.
+Prints one JSON line per (batch, tree) and a table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from functools import partial
+import time
 
 import torch
 
 from eaglet.capture import CaptureSpec
+from eaglet.cuda_graph import GraphedStep
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.sampling import SamplingParams, sample
-from eaglet.spec import SpecEngine
-from eaglet.spec.drafting import draft_prefill
-from eaglet.spec.policy import default_ladder
-from eaglet.spec.verify import prefill
+from eaglet.speculative import SpecEngine
+from eaglet.speculative.accept import greedy_accept
+from eaglet.speculative.drafting import draft_prefill
+from eaglet.speculative.tree import TreeConfig, build_tree
+from eaglet.speculative.verify import prefill, verify
 from scripts.bench_decode import random_target
 
 
-def cuda_ms(fn, reps: int = 20) -> float:
+def cuda_ms(fn, reps: int = 30) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -40,41 +45,85 @@ def cuda_ms(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
+def prefix_graph(eng: SpecEngine, batch: int, cfg: TreeConfig, upto: str) -> GraphedStep:
+    """The iteration up to ``upto`` ('grow' or 'verify'), compiled and graphed; touches scratch slots only."""
+    tc, dc, state = eng._caches[batch]
+    model, draft, greedy = eng.target.model, eng.draft, SamplingParams()
+
+    def run():
+        tree = build_tree(draft, model.embed, state.seed, state.roots, dc, cfg, greedy, None, dc.capacity)
+        if upto == "grow":
+            return tree.tokens
+        logits, _ = verify(model, tc, tree, eng.capture, tc.capacity)
+        return greedy_accept(tree, logits.argmax(-1), cfg.num_steps + 1).n_path
+
+    return GraphedStep(torch.compile(run, dynamic=False))
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--trees", type=int, default=2, help="how many trees of the default ladder to time")
-    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--shape", default="smollm2-135m", help="a shape of scripts/bench_decode.py")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1])
+    ap.add_argument("--trees", nargs="+", default=["4,1,5", "6,8,48"])
+    ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--context", type=int, default=300, help="committed tokens before timing")
+    ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
+    ap.add_argument("--out", default=None, help="write the JSON lines here too")
     a = ap.parse_args()
-    target = random_target("smollm2-135m", torch.bfloat16, a.device)
+    target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
-    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), 32000))
+    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), a.draft_vocab))
     draft = draft.to(a.device, torch.bfloat16).eval().requires_grad_(False)
-    draft.set_vocab(torch.arange(32000, device=a.device))
+    draft.set_vocab(torch.arange(a.draft_vocab, device=a.device))
     greedy = SamplingParams()
+    rows, lines = [], []
     for b in a.batch:
         g = torch.Generator().manual_seed(b)
-        lengths = torch.randint(200, 400, (b,), generator=g).tolist()
-        prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in lengths]
-        eng = SpecEngine(target, draft, 2048, adaptive=False, log=lambda _: None, compile=a.compile)
-        tc, dc = eng._cache(b)
+        prompts = [torch.randint(0, cfg.vocab_size, (a.context,), generator=g).tolist() for _ in range(b)]
+        trees = [TreeConfig(*map(int, t.split(","))) for t in a.trees]
+        eng = SpecEngine(target, draft, 2048, adaptive=False, log=lambda _: None)
+        eng.policy.ladder(b)
+        eng.policy._ladders[b] = trees  # the cache margin must cover every tree timed
+        tc, dc, state = eng._cache(b)
         logits, aux = prefill(target.model, tc, prompts, eng.capture)
         roots = sample(logits, greedy)
-        seed = draft_prefill(draft, target.model.embed, dc, prompts, aux, roots)
-        plain = cuda_ms(partial(eng._plain_step(tc), roots.view(-1, 1)))
-        row = {"batch": b, "plain_step_ms": round(plain, 3)}
-        for tree in default_ladder("cuda", b)[: a.trees]:
-            st = eng._steps_for(tc, dc, tree, greedy)
-            t = st.grow(seed, roots, None)
-            path, n_path, _, aux2 = st.check(t)
-            none = torch.zeros_like(n_path)
-            ms = {"grow_ms": cuda_ms(partial(st.grow, seed, roots, None)), "verify_ms": cuda_ms(partial(st.check, t)),
-                  "extend_ms": cuda_ms(partial(st.extend, aux2, path, none, path))}
-            row[tree.describe()] = {**{k: round(v, 3) for k, v in ms.items()},
-                                    "iteration_over_plain": round(sum(ms.values()) / plain, 2)}
-        print(json.dumps(row), flush=True)
+        state.seed.copy_(draft_prefill(draft, target.model.embed, dc, prompts, aux, roots))
+        state.roots.copy_(roots)
+        t0 = time.perf_counter()
+        step = eng._plain_step(tc)
+        plain_compile = time.perf_counter() - t0
+        plain = cuda_ms(lambda: step(state.roots.view(-1, 1)))
+        for tree in trees:
+            t0 = time.perf_counter()
+            it = eng._iteration(b, tree, greedy)
+            compile_s = time.perf_counter() - t0
+            state.active.zero_()
+            full = cuda_ms(it._run)
+            call = eng._measure(lambda: it(None), state) * 1e3
+            state.active.zero_()
+            row = {"shape": a.shape, "batch": b, "tree": tree.describe(), "plain_ms": plain,
+                   "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
+                   "call_ms": call, "host_ms": call - full}
+            if a.phases:
+                grow = cuda_ms(prefix_graph(eng, b, tree, "grow"))
+                upto_verify = cuda_ms(prefix_graph(eng, b, tree, "verify"))
+                row.update(draft_ms=grow, verify_accept_ms=upto_verify - grow, commit_extend_ms=full - upto_verify)
+            row = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+            rows.append(row)
+            lines.append(json.dumps(row))
+            print(lines[-1], flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print(f"\n{'batch':>5} {'tree':>34} {'plain':>7} {'iter':>7} {'call':>7} {'draft':>7} {'verify':>7} "
+          f"{'commit':>7} {'call/plain':>10} {'compile s':>9}")
+    for r in rows:
+        ph = [r.get(k, float("nan")) for k in ("draft_ms", "verify_accept_ms", "commit_extend_ms")]
+        print(f"{r['batch']:>5} {r['tree']:>34} {r['plain_ms']:7.3f} {r['iteration_ms']:7.3f} {r['call_ms']:7.3f} "
+              f"{ph[0]:7.3f} {ph[1]:7.3f} {ph[2]:7.3f} {r['call_ms'] / r['plain_ms']:10.2f} "
+              f"{r['iteration_compile_s']:9.1f}")
 
 
 if __name__ == "__main__":

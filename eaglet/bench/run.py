@@ -47,7 +47,8 @@ class BenchConfig:
     dtype: torch.dtype = torch.float32
     max_context: int | None = None
     tree: tuple[int | None, int | None, int | None] = (None, None, None)
-    compile_engine: bool = False  # torch.compile the speculative engine's steps
+    compile_engine: bool | None = None  # torch.compile the engine's iteration (None: with CUDA graphs)
+    policy: bool = True  # the engine may step down to smaller trees or plain decoding
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -101,8 +102,8 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     if "plain" in cfg.methods:
         generators["plain"] = PlainGenerator(target, cfg.max_context)
     if "spec" in cfg.methods:
-        from eaglet.spec import SpecEngine
-        from eaglet.spec.load import load_engine_draft, resolve_draft
+        from eaglet.speculative import SpecEngine
+        from eaglet.speculative.load import load_engine_draft, resolve_draft
 
         draft_path = resolve_draft(cfg.draft, target)
         if draft_path is None:
@@ -113,7 +114,8 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
             log_(msg)
 
         generators["spec"] = SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context,
-                                        *cfg.tree, log=log, compile=cfg.compile_engine)
+                                        *cfg.tree, log=log, compile=cfg.compile_engine,
+                                        adaptive=cfg.policy)
     hf = HFRunner(target, cfg.dtype, cfg.device) if {"hf", "hf-lookup"} & set(cfg.methods) else None
 
     def run(method: str, batch: list[list[int]], p: SamplingParams) -> list[Run]:
@@ -140,6 +142,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "top_k": cfg.top_k, "seed": cfg.seed, "batch_size": cfg.batch_size, "device": cfg.device, "tp": tp.size,
         "dtype": str(cfg.dtype).removeprefix("torch."), "tree_flags": list(cfg.tree), "spec_decisions": decisions,
         "compile_engine": cfg.compile_engine,
+        "policy": cfg.policy,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),

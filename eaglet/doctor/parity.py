@@ -33,7 +33,7 @@ from eaglet.doctor.samples import answer_data, draft_token_ids, training_feature
 from eaglet.doctor.serving import ServingRun
 from eaglet.loading.target import Target
 from eaglet.parallel.check import tolerance
-from eaglet.spec import verify as spec_verify
+from eaglet.speculative import verify as spec_verify
 from eaglet.train.inputs import Featurizer, StepInputs
 
 TITLE = "capture parity"

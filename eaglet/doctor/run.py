@@ -29,7 +29,7 @@ from eaglet.doctor.tp import check_tp
 from eaglet.errors import EagletError
 from eaglet.generate import context_size
 from eaglet.loading.target import load_target
-from eaglet.spec.load import resolve_draft
+from eaglet.speculative.load import resolve_draft
 
 
 def note(msg: str) -> None:

@@ -25,7 +25,7 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.sampling import SamplingParams
-from eaglet.spec.engine import SpecEngine
+from eaglet.speculative.engine import SpecEngine
 
 
 class FuseTap:

@@ -31,9 +31,9 @@ from eaglet.errors import EagletError
 from eaglet.generate import context_size
 from eaglet.loading.target import Target
 from eaglet.sampling import SamplingParams, probs
-from eaglet.spec.engine import SpecEngine
-from eaglet.spec.policy import default_ladder
-from eaglet.spec.tree import TreeConfig
+from eaglet.speculative.engine import SpecEngine
+from eaglet.speculative.policy import default_ladder
+from eaglet.speculative.tree import TreeConfig
 from eaglet.train.inputs import StepInputs
 from eaglet.train.ttt import TTTLoss
 

@@ -6,7 +6,7 @@ straight from the checkpoint. Only rank 0 prints, streams and writes files.
 
 - generate, bench: every rank runs the whole decode loop. The decoders keep the ranks
   in step: rank 0's sampled tokens, draft trees, accepted paths and policy switches are
-  broadcast (generate.py, spec/engine.py), so each rank's target forward sees the same
+  broadcast (generate.py, speculative/engine.py), so each rank's target forward sees the same
   input and the ranks emit the same tokens.
 - data capture, train: rank 0 runs the single-process code (batching, resume, time
   budgets, the draft's training) against a mirrored target, and the other ranks
@@ -69,8 +69,8 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
     from eaglet.chat import encode_chat
     from eaglet.generate import PlainGenerator
     from eaglet.sampling import SamplingParams
-    from eaglet.spec import SpecEngine
-    from eaglet.spec.load import load_engine_draft, resolve_draft
+    from eaglet.speculative import SpecEngine
+    from eaglet.speculative.load import load_engine_draft, resolve_draft
 
     main = tp.rank == 0
     target = _shard(tp, args.target, device, dtype)
@@ -92,7 +92,8 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
         if main:
             print(f"eaglet: draft {draft_path}", file=sys.stderr)
         gen = SpecEngine(target, load_engine_draft(draft_path, target), args.max_context, args.num_steps,
-                         args.topk, args.num_draft_tokens, log=note, compile=args.compile)
+                         args.topk, args.num_draft_tokens, log=note, compile=args.compile,
+                         adaptive=args.policy == "auto")
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)
     on_token = None
     if main:

@@ -105,8 +105,8 @@ def test_generate_partial_tree_flags(chat_model_dir, draft_dir, capsys):
 
 
 def test_compile_flag_reaches_the_engine(chat_model_dir, draft_dir, tmp_path, monkeypatch, capsys):
-    import eaglet.spec
-    from eaglet.spec import SpecEngine
+    import eaglet.speculative
+    from eaglet.speculative import SpecEngine
 
     asked = []
 
@@ -115,7 +115,7 @@ def test_compile_flag_reaches_the_engine(chat_model_dir, draft_dir, tmp_path, mo
             asked.append(compile)
             super().__init__(*a, compile=False, **kw)
 
-    monkeypatch.setattr(eaglet.spec, "SpecEngine", Recording)
+    monkeypatch.setattr(eaglet.speculative, "SpecEngine", Recording)
     common = ["--target", str(chat_model_dir), "--draft", str(draft_dir), "--max-new-tokens", "4"]
     assert main(["generate", *common, "--prompt", "the fox", "--compile"]) == 0
     assert main(["generate", *common, "--prompt", "the fox"]) == 0

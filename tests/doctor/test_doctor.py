@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import eaglet.spec.engine as engine
+import eaglet.speculative.engine as engine
 from eaglet.capture import CaptureSpec
 from eaglet.cli import main
 from eaglet.data.features import capture_features
@@ -21,7 +21,7 @@ from eaglet.doctor.tp import check_tp
 from eaglet.draft.checkpoint import load_draft
 from eaglet.loading.target import tokenizer_hash
 from eaglet.parallel.check import TPReport, judge
-from eaglet.spec import verify as spec_verify
+from eaglet.speculative import verify as spec_verify
 from tests.doctor.conftest import LAYERS, POINTS, copy_draft
 from tests.train.helpers import load_tiny, tiny_tokenizer
 

@@ -10,7 +10,7 @@ import pytest
 
 from eaglet.doctor.config import DoctorConfig
 from eaglet.doctor.run import run_doctor
-from eaglet.spec.load import default_draft_path
+from eaglet.speculative.load import default_draft_path
 from tests.conftest import smollm2_gguf
 from tests.doctor.conftest import copy_draft
 

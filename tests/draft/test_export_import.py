@@ -13,7 +13,7 @@ from eaglet.draft.compat import check_draft_target, import_draft, load_draft_for
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab, token_counts
 from eaglet.errors import EagletError
-from eaglet.spec.load import load_engine_draft
+from eaglet.speculative.load import load_engine_draft
 from tests.train.helpers import load_tiny, make_tiny_target_dir, tiny_tokenizer
 
 

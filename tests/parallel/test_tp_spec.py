@@ -27,9 +27,9 @@ from eaglet.parallel.check import across_ranks
 from eaglet.parallel.launch import rank_device, run_tp
 from eaglet.parallel.state import SINGLE, TPGroup
 from eaglet.sampling import SamplingParams
-from eaglet.spec import SpecEngine
+from eaglet.speculative import SpecEngine
 from tests.conftest import make_hf_model, save_random_draft
-from tests.spec.conftest import CharTokenizer, echo_draft, random_draft
+from tests.speculative.conftest import CharTokenizer, echo_draft, random_draft
 from tests.train.helpers import make_tiny_target_dir, prompts, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # this process's tp=1 references; ranks set their own
@@ -120,6 +120,9 @@ def test_sampled_speculative_agrees_across_ranks(dirs):
 
 def _policy_rank(tp: TPGroup, path: Path, draft_dir: Path, switching_rank: int) -> dict:
     """Only ``switching_rank`` finds plain steps nearly free (it wants plain decoding); all must follow rank 0."""
+    import eaglet.speculative.policy as policy
+
+    policy.WINDOW, policy.LONG_WINDOW = 4, 8  # decide within one short call (this process only)
     eng = _engine(_target(tp, path), draft_dir, adaptive=True)
     b = len(PROMPTS)
     eng.policy.plain_step_s[b] = 1e-9 if tp.rank == switching_rank else 1e9  # no timing run: these are used

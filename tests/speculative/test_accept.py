@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglet.spec.accept as accept_mod
+import eaglet.speculative.accept as accept_mod
 from eaglet.sampling import SamplingParams, probs
-from eaglet.spec.accept import greedy_accept, sample_accept
-from eaglet.spec.tree import Tree, ancestor_mask, propose
+from eaglet.speculative.accept import greedy_accept, sample_accept
+from eaglet.speculative.tree import Tree, ancestor_mask, propose
 
 PASS, FAIL = 1e-3, 1e-6  # p-value thresholds: a correct sampler passes, a biased one fails
 
@@ -68,7 +68,9 @@ def run_rrs(params: SamplingParams, k1: int, k2: int, rows: int = 30000, seed: i
     gen = torch.Generator().manual_seed(seed)
     tree = two_level_tree(q1, q2, k1, k2, rows, gen)
     logits = torch.where(tree.depth.unsqueeze(-1) == 0, l1, l2[tree.tokens])  # [B, N, V]
-    acc = sample_accept(tree, logits, params, torch.arange(l1.numel()), 3, gen)
+    k = tree.children.shape[-1]
+    u_accept, u_final = torch.rand(rows, 2, k, generator=gen), torch.rand(rows, l1.numel(), generator=gen)
+    acc = sample_accept(tree, logits, params, torch.arange(l1.numel()), 3, u_accept, u_final)
     return acc, acc.emitted(tree), probs(l1, params), probs(l2, params)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.sampling import SamplingParams, probs
-from eaglet.spec.tree import Tree
+from eaglet.speculative.tree import Tree, gumbel
 
 
 @dataclass
@@ -81,8 +81,13 @@ def without(q: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
 
 
 def sample_accept(tree: Tree, target_logits: torch.Tensor, params: SamplingParams, draft_to_target: torch.Tensor,
-                  path_len: int, gen: torch.Generator | None = None) -> Acceptance:
-    """Recursive rejection sampling. target_logits [B, N, V]; draft_to_target [Vd]: target id of each draft id."""
+                  path_len: int, u_accept: torch.Tensor, u_final: torch.Tensor) -> Acceptance:
+    """Recursive rejection sampling. target_logits [B, N, V]; draft_to_target [Vd]: target id of each draft id.
+
+    The randomness is drawn by the caller (so one iteration can be one CUDA graph):
+    u_accept [B, path_len - 1, topk] uniforms for the accept tests, u_final [B, V] for the
+    recovered or bonus token (Gumbel-max, an exact draw from its distribution).
+    """
     p_all = probs(target_logits, params)  # [B, N, V]
     b, _, v = p_all.shape
     k = tree.children.shape[-1]
@@ -103,7 +108,7 @@ def sample_accept(tree: Tree, target_logits: torch.Tensor, params: SamplingParam
             live = alive & ~moved & (child >= 0) & tree.valid[rows, node]
             tok = tree.tokens[rows, node].unsqueeze(1)  # [B, 1]
             pt, qt = p.gather(1, tok).squeeze(1), q.gather(1, tok).squeeze(1)
-            u = torch.rand(b, device=dev, generator=gen)
+            u = u_accept[:, d - 1, c]
             ok = live & (u * qt < pt)  # probability min(1, p/q)
             rejected = (live & ~ok).unsqueeze(1)
             p = torch.where(rejected, residual(p, q), p)
@@ -114,5 +119,5 @@ def sample_accept(tree: Tree, target_logits: torch.Tensor, params: SamplingParam
         final = torch.where((alive & ~moved).unsqueeze(1), p, final)  # stopped here: the residual
         alive &= moved
     final = torch.where(alive.unsqueeze(1), p_all[rows, cur], final)  # reached depth S: bonus
-    nxt = torch.multinomial(final, 1, generator=gen).squeeze(1)
+    nxt = (torch.log(final) + gumbel(u_final)).argmax(-1)  # [B]
     return Acceptance(path, tree.depth[rows, cur] + 1, nxt)

@@ -1,7 +1,7 @@
 """Tree speculative decoding: tree.py grows, verify.py checks, accept.py keeps, engine.py loops."""
 
-from eaglet.spec.engine import SpecEngine
-from eaglet.spec.load import default_draft_path
-from eaglet.spec.tree import TreeConfig
+from eaglet.speculative.engine import SpecEngine
+from eaglet.speculative.load import default_draft_path
+from eaglet.speculative.tree import TreeConfig
 
 __all__ = ["SpecEngine", "TreeConfig", "default_draft_path"]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import eaglet.spec.accept as accept_mod
-import eaglet.spec.tree as tree_mod
+import eaglet.speculative.accept as accept_mod
+import eaglet.speculative.tree as tree_mod
 from eaglet.sampling import SamplingParams, probs
-from eaglet.spec import SpecEngine
-from tests.spec.conftest import echo_draft, repeat_prone, tiny_target
-from tests.spec.test_accept import FAIL, PASS, chi_square_p
+from eaglet.speculative import SpecEngine
+from tests.speculative.conftest import echo_draft, repeat_prone, tiny_target
+from tests.speculative.test_accept import FAIL, PASS, chi_square_p
 
 V, ROWS = 16, 4000
 PROMPT = [3, 11, 5, 7, 2]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.spec.load import default_draft_path
+from eaglet.speculative.load import default_draft_path
 from tests.conftest import smollm2_gguf
 
 DRAFT = default_draft_path("smollm2-135m")
@@ -23,7 +23,7 @@ pytestmark = [
 def engine_and_plain():
     from eaglet.generate import PlainGenerator
     from eaglet.loading import load_target
-    from eaglet.spec.load import load_engine_draft
+    from eaglet.speculative.load import load_engine_draft
 
     target = load_target("smollm2-135m")
     return target, load_engine_draft(DRAFT, target), PlainGenerator(target, 1024)
@@ -42,7 +42,7 @@ def prompts(engine_and_plain):
 @pytest.mark.parametrize("tree", [(4, 1, 5), (4, 3, 12)], ids=["chain", "tree"])
 def test_greedy_identical_to_plain(engine_and_plain, prompts, tree):
     from eaglet.sampling import SamplingParams
-    from eaglet.spec import SpecEngine
+    from eaglet.speculative import SpecEngine
 
     target, draft, plain = engine_and_plain
     params = SamplingParams(max_new_tokens=48)
@@ -59,7 +59,7 @@ def test_greedy_identical_to_plain(engine_and_plain, prompts, tree):
 
 def test_the_shipped_draft_is_found_by_identity_not_only_by_name():
     from eaglet.loading import load_target
-    from eaglet.spec.load import resolve_draft
+    from eaglet.speculative.load import resolve_draft
 
     by_file = load_target(str(smollm2_gguf()))  # the same model, named by its GGUF path
     assert resolve_draft("default", by_file) == DRAFT

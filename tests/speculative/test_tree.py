@@ -7,10 +7,10 @@ import torch
 
 from eaglet.errors import EagletError
 from eaglet.sampling import SamplingParams
-from eaglet.spec.drafting import draft_prefill
-from eaglet.spec.tree import TreeConfig, ancestor_mask, build_tree
-from eaglet.spec.verify import prefill
-from tests.spec.conftest import random_draft
+from eaglet.speculative.drafting import draft_prefill
+from eaglet.speculative.tree import TreeConfig, ancestor_mask, build_tree
+from eaglet.speculative.verify import prefill
+from tests.speculative.conftest import random_draft
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0)

@@ -15,7 +15,7 @@ import torch
 from eaglet.generate import pad_batch
 from eaglet.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.spec.tree import Tree
+from eaglet.speculative.tree import Tree
 
 
 def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]],

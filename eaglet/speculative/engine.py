@@ -5,14 +5,16 @@ One iteration, per batch (every row has its own tree, acceptance and lengths):
 1. tree.py grows a tree from the draft output at the last anchor (root = pending token);
 2. verify.py runs the target once over all nodes, capturing the draft's points;
 3. accept.py keeps a path (greedy, or recursive rejection sampling) and picks the next token;
-4. the accepted tokens are emitted, with EOS, stop strings and limits applied per row;
-5. drafting.py commits the path in the target cache and extends the draft cache.
+4. drafting.py commits the path in the target cache and extends the draft cache;
+5. the host reads the emitted tokens and applies EOS, stop strings and limits per row.
 
-GPU: steps 1, 2 (+ greedy acceptance) and 5 each replay a CUDA graph captured per
-(batch, tree, greedy) over the whole cache (static shapes, ``n_slots = capacity``);
-each is captured with inputs that only touch scratch slots above ``lens``. CPU: the
-same functions run eagerly and attend only over the slots in use. policy.py decides the
-tree per batch size and falls back to plain decoding when speculation would be slower.
+Steps 1-4 are one function of device tensors (``_Iteration``): on CUDA one compiled
+CUDA graph per (batch, tree, sampling settings), replayed with no host synchronisation
+inside; the host reads one packed [B, W+1] result per iteration through pinned memory
+and marks finished rows inactive on the device (they commit nothing). The randomness of
+the sampling path is drawn into the graph's input buffers before each replay. CPU: the
+same function runs eagerly. policy.py decides the tree per batch size from measured
+costs and acceptance, and falls back to plain decoding when speculation would be slower.
 
 Tensor parallelism: the target is sharded, the draft replicated, and every rank runs this
 same loop. Rank 0 decides and the others follow, through ``broadcast_from_rank0``: the
@@ -36,11 +38,11 @@ from eaglet.generate import Completion, StopChecker, context_size, decode_step
 from eaglet.loading.target import Target
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample
-from eaglet.spec.accept import Acceptance, greedy_accept, sample_accept
-from eaglet.spec.drafting import commit_and_extend, draft_prefill
-from eaglet.spec.policy import BatchPolicy
-from eaglet.spec.tree import Tree, TreeConfig, build_tree
-from eaglet.spec.verify import prefill, verify
+from eaglet.speculative.accept import Acceptance, greedy_accept, sample_accept
+from eaglet.speculative.drafting import commit_and_extend, draft_prefill
+from eaglet.speculative.policy import BatchPolicy
+from eaglet.speculative.tree import Tree, TreeConfig, build_tree
+from eaglet.speculative.verify import prefill, verify
 
 
 def _stderr(msg: str) -> None:
@@ -103,61 +105,81 @@ class _Rows:
                 self.on_token(i, t)
 
 
-class _Steps:
-    """The three per-iteration functions for one (batch, tree, greedy), graphed on CUDA."""
+class _State:
+    """What one iteration reads and rewrites in place, per batch size (shared by its trees)."""
 
-    def __init__(self, eng: SpecEngine, tcache, dcache, cfg: TreeConfig, params: SamplingParams):
-        self.cfg, self.params = cfg, params
-        model, draft, embed, capture = eng.target.model, eng.draft, eng.target.model.embed, eng.capture
+    def __init__(self, batch: int, hidden: int, dtype: torch.dtype, device: torch.device):
+        self.seed = torch.zeros(batch, hidden, dtype=dtype, device=device)  # [B, H] draft output at the last anchor
+        self.roots = torch.zeros(batch, dtype=torch.long, device=device)  # [B] pending tokens
+        self.active = torch.ones(batch, dtype=torch.long, device=device)  # [B] 0 once a row is done
+
+
+class _Iteration:
+    """One whole iteration for one (batch, tree, sampling): grow, verify, accept, commit, extend.
+
+    A function of device tensors only, with no host synchronisation inside, so on CUDA it
+    is compiled and captured as one graph. It reads ``state`` and the caches, rewrites
+    them in place (finished rows commit nothing) and returns one packed [B, W+1] result:
+    the emitted tokens (accepted, then the next token; W = num_steps + 1) and their count.
+    The host copies that through pinned memory: the one read per iteration.
+    """
+
+    def __init__(self, eng: SpecEngine, tcache, dcache, state: _State, cfg: TreeConfig, params: SamplingParams):
+        model, draft, embed, capture, tp = eng.target.model, eng.draft, eng.target.model.embed, eng.capture, eng.tp
         t_slots, d_slots = (tcache.capacity, dcache.capacity) if eng.static_shapes else (None, None)
-        width = cfg.num_steps + 1
+        b, dev, width = tcache.batch, eng.device, cfg.num_steps + 1
+        self.cfg, self.state, self.device = cfg, state, dev
+        self.noise: list[torch.Tensor] = []  # uniforms the sampling path reads, redrawn before each call
+        if not params.greedy:
+            vd, v = draft.config.draft_vocab_size, model.cfg.vocab_size
+            self.noise = [torch.zeros(b, cfg.noise_rows, vd, device=dev), torch.zeros(b, width - 1, cfg.topk, device=dev),
+                          torch.zeros(b, v, device=dev)]
+        d2t = eng.draft_to_target
 
-        def grow(seed, roots, uniform=None) -> Tree:
-            return build_tree(draft, embed, seed, roots, dcache, cfg, params, uniform, d_slots)
-
-        def check(tokens, parents, depth, mask, valid):
-            tree = Tree(tokens, parents, depth, mask, valid, None, None)
+        def run() -> torch.Tensor:
+            grow_u = self.noise[0] if self.noise else None
+            tree = share_tree(build_tree(draft, embed, state.seed, state.roots, dcache, cfg, params, grow_u, d_slots),
+                              tp)
             logits, aux = verify(model, tcache, tree, capture, t_slots)
-            if not params.greedy:
-                return logits, aux
-            acc = greedy_accept(tree, logits.argmax(-1), width)
-            return acc.path, acc.n_path, acc.next_token, aux
+            if params.greedy:
+                acc = greedy_accept(tree, logits.argmax(-1), width)
+            elif tp.rank == 0:
+                acc = sample_accept(tree, logits, params, d2t, width, self.noise[1], self.noise[2])
+            else:  # filled by share_acceptance
+                zeros = torch.zeros(b, width + 2, dtype=torch.long, device=dev)
+                acc = Acceptance(zeros[:, :width], zeros[:, width], zeros[:, width + 1])
+            acc = share_acceptance(acc, tp)
+            emitted = acc.emitted(tree)  # [B, W]: the token after each path node
+            seed = commit_and_extend(draft, embed, tcache, dcache, aux, acc.path, acc.n_path * state.active,
+                                     emitted, d_slots)
+            state.seed.copy_(seed)
+            state.roots.copy_(acc.next_token)
+            return torch.cat([emitted, acc.n_path.view(-1, 1)], dim=1)  # [B, W+1]
 
-        def extend(aux, path, n_commit, anchor_tokens):
-            return commit_and_extend(draft, embed, tcache, dcache, aux, path, n_commit, anchor_tokens, d_slots)
-
-        if eng.compile:  # fusion before capture; graph breaks are allowed (tree bookkeeping)
-            grow, check, extend = (torch.compile(f, dynamic=False) for f in (grow, check, extend))
-        self._grow, self._check, self._extend = grow, check, extend
+        if eng.compile:
+            run = torch.compile(run, dynamic=False)
+        self._run = run
+        self.host = torch.zeros(b, width + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
         if eng.use_graphs:
             from eaglet.cuda_graph import GraphedStep
 
-            b, n, dev = tcache.batch, cfg.num_draft_tokens, tcache.lens.device
-            h = eng.draft.config.hidden_size
+            # Warm-up and capture run the iteration for real: with every row inactive they
+            # commit nothing and only write scratch slots; the state they rewrite is restored.
+            saved = [t.clone() for t in (state.seed, state.roots, state.active)]
+            state.active.zero_()
+            self._run = GraphedStep(run)
+            for t, v in zip((state.seed, state.roots, state.active), saved):
+                t.copy_(v)
 
-            def zl(*shape):  # dummy index inputs: they make the capture touch only scratch slots
-                return torch.zeros(*shape, dtype=torch.long, device=dev)
-
-            dtype = model.embed.weight.dtype
-            grow_in = [torch.zeros(b, h, dtype=dtype, device=dev), zl(b)]
-            if not params.greedy:
-                grow_in.append(torch.full((b, cfg.noise_rows, draft.config.draft_vocab_size), 0.5, device=dev))
-            self._grow = GraphedStep(grow, *grow_in)
-            eye = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n)
-            self._check = GraphedStep(check, zl(b, n), zl(b, n), zl(b, n), eye,
-                                      torch.ones(b, n, dtype=torch.bool, device=dev))
-            aux_w = eng.draft.config.capture.k * model.cfg.hidden_size
-            self._extend = GraphedStep(extend, torch.zeros(b, n, aux_w, dtype=dtype, device=dev),
-                                       zl(b, width), zl(b), zl(b, width))
-
-    def grow(self, seed, roots, uniform) -> Tree:
-        return self._grow(seed, roots) if uniform is None else self._grow(seed, roots, uniform)
-
-    def check(self, tree: Tree):
-        return self._check(tree.tokens, tree.parents, tree.depth, tree.mask, tree.valid)
-
-    def extend(self, aux, path, n_commit, anchor_tokens):
-        return self._extend(aux, path, n_commit, anchor_tokens)
+    def __call__(self, gen: torch.Generator) -> list[list[int]]:
+        """Run one iteration -> per row [emitted tokens (W)..., count]."""
+        for u in self.noise:
+            u.uniform_(generator=gen)
+        packed = self._run()
+        self.host.copy_(packed, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        return self.host.tolist()
 
 
 class SpecEngine:
@@ -186,17 +208,19 @@ class SpecEngine:
         self.capture = c.capture.points
         self.capacity = context_size(target, max_context)
         self.device = target.model.embed.weight.device
-        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        # Graphs need every step to attend over the whole cache; without them that is only a test mode.
+        on_cuda = self.device.type == "cuda"
+        self.use_graphs = on_cuda if use_graphs is None else use_graphs
+        # Graphs need static shapes; the dense (SDPA) path then spans the whole cache, the
+        # CUDA kernel only the slots in use. Without graphs static shapes are a test mode.
         self.static_shapes = self.use_graphs or bool(static_shapes)
-        # Off by default: max-autotune took over 6 minutes for one batch size's three steps on
-        # an H200 without finishing; plain compile mode is not measured yet (see docs/speculative.md).
-        self.compile = bool(compile)
+        # Fusion is what makes a small model's step fast on CUDA (default mode: no per-shape
+        # autotuning, so a new (batch, tree) compiles in seconds, not minutes).
+        self.compile = (on_cuda and self.use_graphs) if compile is None else bool(compile)
         self.policy = BatchPolicy(self.device.type, fixed, adaptive, log, agree=self._rank0_says)
         self._caches: dict[int, tuple] = {}
-        self._steps: dict[tuple, _Steps] = {}
+        self._iterations: dict[tuple, _Iteration] = {}
         self._plain: dict[int, Callable] = {}
-        self._draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
+        self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
 
     def _rank0_says(self, flag: bool) -> bool:
         """Rank 0's value of a per-rank decision (the policy's, from per-rank timings)."""
@@ -214,33 +238,52 @@ class SpecEngine:
     def _cache(self, batch: int):
         if batch not in self._caches:
             cap = self.capacity + self._margin(batch)
-            self._caches[batch] = (self.target.model.new_cache(batch, cap), self.draft.new_cache(batch, cap))
-        tcache, dcache = self._caches[batch]
+            dtype = self.target.model.embed.weight.dtype
+            self._caches[batch] = (self.target.model.new_cache(batch, cap), self.draft.new_cache(batch, cap),
+                                   _State(batch, self.draft.config.hidden_size, dtype, self.device))
+        tcache, dcache, state = self._caches[batch]
         tcache.reset()
         dcache.reset()
-        return tcache, dcache
+        return tcache, dcache, state
 
-    def _steps_for(self, tcache, dcache, cfg: TreeConfig, params: SamplingParams) -> _Steps:
-        key = (tcache.batch, cfg, None if params.greedy else (params.temperature, params.top_k, params.top_p))
-        if key not in self._steps:
-            self._steps[key] = _Steps(self, tcache, dcache, cfg, params)
-        return self._steps[key]
+    def _iteration(self, batch: int, cfg: TreeConfig, params: SamplingParams) -> _Iteration:
+        key = (batch, cfg, None if params.greedy else (params.temperature, params.top_k, params.top_p))
+        if key not in self._iterations:
+            tcache, dcache, state = self._caches[batch]
+            self._iterations[key] = _Iteration(self, tcache, dcache, state, cfg, params)
+        return self._iterations[key]
 
     def _plain_step(self, tcache) -> Callable[[torch.Tensor], torch.Tensor]:
         """PlainGenerator's step (compiled and graphed on CUDA): the fallback and the yardstick."""
         b = tcache.batch
         if b not in self._plain:
             self._plain[b] = decode_step(self.target.model, tcache, self.static_shapes,
-                                         compile=self.use_graphs, graph=self.use_graphs)
+                                         compile=self.compile, graph=self.use_graphs)
         return self._plain[b]
 
-    def _time_plain(self, tcache, roots: torch.Tensor) -> float:
-        step, times = self._plain_step(tcache), []
-        for _ in range(4):
+    def _measure(self, fn: Callable[[], object], state: _State) -> float:
+        """Median seconds of ``fn`` with every row inactive (commits nothing; the state is restored)."""
+        saved = [t.clone() for t in (state.seed, state.roots, state.active)]
+        state.active.zero_()
+        times = []
+        for _ in range(7):
             t0 = time.perf_counter()
-            step(roots.view(-1, 1)).argmax(-1).tolist()
+            fn()
             times.append(time.perf_counter() - t0)
-        return sorted(times[1:])[1]
+        for t, v in zip((state.seed, state.roots, state.active), saved):
+            t.copy_(v)
+        return sorted(times[2:])[2]
+
+    def _costs(self, batch: int, cfg: TreeConfig, params: SamplingParams, gen: torch.Generator) -> None:
+        """Time a plain step and this tree's iteration once (per engine, batch size and tree)."""
+        tcache, _, state = self._caches[batch]
+        if batch not in self.policy.plain_step_s:
+            step = self._plain_step(tcache)
+            self.policy.plain_step_s[batch] = self._measure(lambda: step(state.roots.view(-1, 1)).argmax(-1).tolist(),
+                                                            state)
+        if self.policy.iteration_s.get((batch, cfg)) is None:
+            it = self._iteration(batch, cfg, params)
+            self.policy.iteration_s[(batch, cfg)] = self._measure(lambda: it(gen), state)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -250,64 +293,51 @@ class SpecEngine:
             if len(p) + 1 > self.capacity:
                 raise EagletError(f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
                                   "shorten it or raise --max-context")
-        b, dev = len(prompts), self.device
-        gen = torch.Generator(device=dev)
+        b = len(prompts)
+        gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         start = time.perf_counter()
-        tcache, dcache = self._cache(b)
+        tcache, dcache, state = self._cache(b)
         model = self.target.model
         logits, aux = prefill(model, tcache, prompts, self.capture)
         roots = self._sample(logits, params, gen)  # [B] the pending tokens
         rows = _Rows(prompts, params, self.capacity, StopChecker(self.target, params), on_token)
         for i, t in enumerate(roots.tolist()):
             rows.add(i, [t])
+        self.policy.start_call(b)
         if self.policy.tree(b) is not None and not all(rows.done):
-            seed = draft_prefill(self.draft, model.embed, dcache, prompts, aux, roots)
-            if self.policy.needs_plain_timing and b not in self.policy.plain_step_s:
-                self.policy.plain_step_s[b] = self._time_plain(tcache, roots)
-            roots = self._speculate(rows, tcache, dcache, seed, roots, params, gen)
+            state.seed.copy_(draft_prefill(self.draft, model.embed, dcache, prompts, aux, roots))
+            state.roots.copy_(roots)
+            state.active.copy_(torch.tensor([0 if d else 1 for d in rows.done]))
+            self._speculate(rows, state, params, gen)
+            roots = state.roots
         self._decode_plain(rows, tcache, roots, params, gen)
         elapsed = time.perf_counter() - start
         for c in rows.out:
             c.seconds = elapsed
         return rows.out
 
-    def _speculate(self, rows: _Rows, tcache, dcache, seed, roots, params, gen) -> torch.Tensor:
-        """Speculative iterations until every row is done or the policy says plain; returns the pending tokens."""
-        b = tcache.batch
-        vd = self.draft.config.draft_vocab_size
+    def _speculate(self, rows: _Rows, state: _State, params: SamplingParams, gen: torch.Generator) -> None:
+        """Speculative iterations until every row is done or the policy says plain; state.roots: the pending tokens."""
+        b = state.roots.shape[0]
         while not all(rows.done):
             cfg = self.policy.tree(b)
             if cfg is None:
-                break
-            steps = self._steps_for(tcache, dcache, cfg, params)
-            t0 = time.perf_counter()
-            uniform = None if params.greedy else torch.rand(b, cfg.noise_rows, vd, device=self.device, generator=gen)
-            tree = share_tree(steps.grow(seed, roots, uniform), self.tp)
-            if params.greedy:
-                path, n_path, nxt, aux = steps.check(tree)
-                acc = Acceptance(path, n_path, nxt)
-            else:
-                logits, aux = steps.check(tree)
-                width = cfg.num_steps + 1
-                if self.tp.rank == 0:
-                    acc = sample_accept(tree, logits, params, self._draft_to_target, width, gen)
-                else:  # filled by share_acceptance
-                    zeros = torch.zeros(b, width + 2, dtype=torch.long, device=self.device)
-                    acc = Acceptance(zeros[:, :width], zeros[:, width], zeros[:, width + 1])
-            acc = share_acceptance(acc, self.tp)
-            emitted = acc.emitted(tree)  # [B, S+1]
-            counts = acc.n_path.tolist()
-            active = [i for i in range(b) if not rows.done[i]]
-            for i, toks in zip(active, (emitted[active].tolist() if active else [])):
-                rows.out[i].accept_lengths.append(counts[i])
-                rows.add(i, toks[: counts[i]])
-            n_commit = torch.tensor([0 if rows.done[i] else counts[i] for i in range(b)], device=self.device)
-            anchors = emitted  # the token after each path node: the next accepted one, then the next token
-            seed = steps.extend(aux, acc.path, n_commit, anchors)
-            roots = acc.next_token.clone()
-            self.policy.observe(b, time.perf_counter() - t0, sum(counts[i] for i in active), len(active))
-        return roots
+                return
+            if self.policy.adaptive:
+                self._costs(b, cfg, params, gen)
+            result = self._iteration(b, cfg, params)(gen)
+            tokens, active = 0, 0
+            for i, row in enumerate(result):
+                if rows.done[i]:
+                    continue
+                n = row[-1]
+                rows.out[i].accept_lengths.append(n)
+                rows.add(i, row[:n])
+                tokens, active = tokens + n, active + 1
+                if rows.done[i]:
+                    state.active[i] = 0
+            self.policy.observe(b, tokens, active)
 
     def _decode_plain(self, rows: _Rows, tcache, roots, params, gen) -> None:
         """Plain decoding from the committed caches (the pending tokens are not yet in them)."""
@@ -318,6 +348,7 @@ class SpecEngine:
             logits = step(roots.view(-1, 1))
             tcache.advance(active)
             roots = self._sample(logits, params, gen)
+            self.policy.observe_plain(tcache.batch)
             for i, t in enumerate(roots.tolist()):
                 if not rows.done[i]:
                     rows.add(i, [t])
