@@ -21,7 +21,7 @@ MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefill
 
 
 @triton.jit
-def _tree_attention(Q, K, V, O, Lens, Extra, scale,
+def _tree_attention(Q, K, V, Out, Lens, Extra, scale,
                     sqb, sqt, sqh, skb, skh, sks, svb, svh, svs, sob, sot, soh, seb, set_,
                     T, E, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PREC: tl.constexpr):
@@ -71,8 +71,8 @@ def _tree_attention(Q, K, V, O, Lens, Extra, scale,
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     l_i = l_i * alpha + tl.sum(p, 1)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(O + b * sob + tok[:, None] * sot + head[:, None] * soh + d[None, :],
-             out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(Out + b * sob + tok[:, None] * sot + head[:, None] * soh + d[None, :],
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,

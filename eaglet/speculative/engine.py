@@ -132,8 +132,9 @@ class _Iteration:
         self.noise: list[torch.Tensor] = []  # uniforms the sampling path reads, redrawn before each call
         if not params.greedy:
             vd, v = draft.config.draft_vocab_size, model.cfg.vocab_size
-            self.noise = [torch.zeros(b, cfg.noise_rows, vd, device=dev), torch.zeros(b, width - 1, cfg.topk, device=dev),
-                          torch.zeros(b, v, device=dev)]
+            self.noise = [torch.zeros(b, cfg.noise_rows, vd, device=dev),  # tree growth
+                          torch.zeros(b, width - 1, cfg.topk, device=dev),  # accept tests
+                          torch.zeros(b, v, device=dev)]  # the recovered or bonus token
         d2t = eng.draft_to_target
 
         def run() -> torch.Tensor:
