@@ -70,6 +70,18 @@ class StopChecker:
         return None
 
 
+def bucket_rows(prompts: list[list[int]], graphs: bool) -> list[list[int]]:
+    """Under CUDA graphs, the batch padded to a power of two with one-token filler rows.
+
+    Each batch size captures (and compiles) its own graphs; padding lets a few sizes serve
+    every batch, so a last partial batch never compiles inside a timed run. Filler rows
+    start finished: they commit nothing and their output is dropped.
+    """
+    n = len(prompts)
+    size = 1 << (n - 1).bit_length()
+    return prompts + [prompts[0][:1]] * (size - n) if graphs else prompts
+
+
 def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, T] and lengths [B]."""
     lengths = torch.tensor([len(s) for s in seqs], device=device)
@@ -79,12 +91,12 @@ def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor
     return ids, lengths
 
 
-def prefill(target: Target, cache, prompts: list[list[int]], n_slots: int | None = None) -> torch.Tensor:
+def prefill(target: Target, cache, prompts: list[list[int]]) -> torch.Tensor:
     """Right-padded batched prefill; returns each row's last-position logits [B, V]."""
     model = target.model
     dev = cache.lens.device
     ids, lengths = pad_batch(prompts, dev)
-    meta = cache.append_meta(ids.shape[1], n_slots)
+    meta = cache.append_meta(ids.shape[1])
     h, _ = model(ids, meta, cache)
     cache.advance(lengths)
     last = h[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, H]
@@ -160,14 +172,15 @@ class PlainGenerator:
         gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         stops = StopChecker(self.target, params)
         start = time.perf_counter()
+        n_real, prompts = len(prompts), bucket_rows(prompts, self.use_graphs)
         cache = self._cache(len(prompts))
-        logits = prefill(self.target, cache, prompts, self.capacity if self.use_graphs else None)
+        logits = prefill(self.target, cache, prompts)
         step = self._step_fn(cache)
         out = [Completion([], "length") for _ in prompts]
-        done = [False] * len(prompts)
+        done = [i >= n_real for i in range(len(prompts))]
         # Finished rows stop advancing, so they never run past the cache (their one-slot
         # rewrites each step are masked out of every other row). Updated only when a row ends.
-        active = torch.ones(len(prompts), dtype=torch.long, device=self.device)  # [B]
+        active = torch.tensor([0 if d else 1 for d in done], device=self.device)  # [B]
         for _ in range(params.max_new_tokens):
             # Under tensor parallelism every rank must continue with rank 0's token.
             tok = broadcast_from_rank0(sample(logits, params, gen), self.target.model.tp)  # [B]
@@ -193,4 +206,4 @@ class PlainGenerator:
         elapsed = time.perf_counter() - start
         for c in out:
             c.seconds = elapsed
-        return out
+        return out[:n_real]

@@ -16,3 +16,13 @@ def test_finished_rows_do_not_overflow_the_cache(tmp_path):
     assert [len(long) + len(out[0].tokens), len(short) + len(out[1].tokens)] == [48, 48]
     alone = PlainGenerator(target, max_context=48).generate([short], SamplingParams(max_new_tokens=200))
     assert out[1].tokens == alone[0].tokens
+
+
+def test_bucket_rows_pads_to_a_power_of_two_only_under_graphs():
+    from eaglet.generate import bucket_rows
+
+    prompts = [[5, 6, 7], [8], [9, 10]]
+    assert bucket_rows(prompts, graphs=False) == prompts
+    assert bucket_rows(prompts, graphs=True) == prompts + [[5]]
+    assert len(bucket_rows(prompts * 3, graphs=True)) == 16
+    assert bucket_rows(prompts[:1], graphs=True) == prompts[:1]

@@ -67,6 +67,9 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
+    # Traced and compiled once, reused by every layer: compiling a 30-layer step took ~36 s
+    # unrolled and ~10 s this way (2-core CPU), with the same output. A no-op without compile.
+    @torch.compiler.nested_compile_region
     def forward(self, h, cos, sin, meta, cache):
         # Residual adds happen after each all-reduce (inside o/down), so ``h`` is always
         # the complete residual stream on every rank: the capture contract relies on it.

@@ -21,9 +21,9 @@ MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefill
 
 
 @triton.jit
-def _tree_attention(Q, K, V, Out, Lens, Extra, scale,
+def _tree_attention(Q, K, V, Out, Lens, Extra,
                     sqb, sqt, sqh, skb, skh, sks, svb, svh, svs, sob, sot, soh, seb, set_,
-                    T, E, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                    T, E, QK_SCALE: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PREC: tl.constexpr):
     pid_bh = tl.program_id(0)
     b = pid_bh // NKV
@@ -38,7 +38,6 @@ def _tree_attention(Q, K, V, Out, Lens, Extra, scale,
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
     lens = tl.load(Lens + b).to(tl.int32)
-    qk_scale = scale * 1.4426950408889634  # exp2 domain
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -46,7 +45,7 @@ def _tree_attention(Q, K, V, Out, Lens, Extra, scale,
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < lens
         k = tl.load(k_base + n[None, :] * sks + d[:, None], mask=n_ok[None, :], other=0.0)  # [D, N]
-        s = tl.dot(q, k, input_precision=PREC) * qk_scale  # [M, N]
+        s = tl.dot(q, k, input_precision=PREC) * QK_SCALE  # [M, N]
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -62,7 +61,7 @@ def _tree_attention(Q, K, V, Out, Lens, Extra, scale,
     vis = tl.load(Extra + b * seb + tok[:, None] * set_ + e[None, :],
                   mask=row_ok[:, None] & e_ok[None, :], other=0) != 0  # [M, E]
     k = tl.load(k_base + n[None, :] * sks + d[:, None], mask=e_ok[None, :], other=0.0)  # [D, E]
-    s = tl.where(vis, tl.dot(q, k, input_precision=PREC) * qk_scale, float("-inf"))
+    s = tl.where(vis, tl.dot(q, k, input_precision=PREC) * QK_SCALE, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see nothing
     p = tl.exp2(s - m_new[:, None])
@@ -88,10 +87,10 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (b * nkv, triton.cdiv(t * g, block_m))
     _tree_attention[grid](
-        q, k_cache, v_cache, out, lens, extra, d ** -0.5,
+        q, k_cache, v_cache, out, lens, extra,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        extra.stride(0), extra.stride(1), t, e,
+        extra.stride(0), extra.stride(1), t, e, QK_SCALE=d ** -0.5 * 1.4426950408889634,  # exp2 domain
         NKV=nkv, G=g, D=d, BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, PREC=prec, num_warps=4,
     )
     return out

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from eaglet.errors import EagletError
-from eaglet.generate import Completion, StopChecker, context_size, decode_step
+from eaglet.generate import Completion, StopChecker, bucket_rows, context_size, decode_step
 from eaglet.loading.target import Target
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample
@@ -294,6 +294,7 @@ class SpecEngine:
             if len(p) + 1 > self.capacity:
                 raise EagletError(f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
                                   "shorten it or raise --max-context")
+        n_real, prompts = len(prompts), bucket_rows(prompts, self.use_graphs)
         b = len(prompts)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else torch.seed())
@@ -304,7 +305,10 @@ class SpecEngine:
         roots = self._sample(logits, params, gen)  # [B] the pending tokens
         rows = _Rows(prompts, params, self.capacity, StopChecker(self.target, params), on_token)
         for i, t in enumerate(roots.tolist()):
-            rows.add(i, [t])
+            if i < n_real:
+                rows.add(i, [t])
+            else:  # filler rows of the batch bucket
+                rows.done[i] = True
         self.policy.start_call(b)
         if self.policy.tree(b) is not None and not all(rows.done):
             state.seed.copy_(draft_prefill(self.draft, model.embed, dcache, prompts, aux, roots))
@@ -316,7 +320,7 @@ class SpecEngine:
         elapsed = time.perf_counter() - start
         for c in rows.out:
             c.seconds = elapsed
-        return rows.out
+        return rows.out[:n_real]
 
     def _speculate(self, rows: _Rows, state: _State, params: SamplingParams, gen: torch.Generator) -> None:
         """Speculative iterations until every row is done or the policy says plain; state.roots: the pending tokens."""
