@@ -27,6 +27,7 @@ from eaglet.sampling import SamplingParams, sample
 from eaglet.speculative import SpecEngine
 from eaglet.speculative.accept import greedy_accept
 from eaglet.speculative.drafting import draft_prefill
+from eaglet.speculative.policy import default_ladder
 from eaglet.speculative.tree import TreeConfig, build_tree
 from eaglet.speculative.verify import prefill, verify
 from scripts.bench_decode import random_target
@@ -66,7 +67,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shape", default="smollm2-135m", help="a shape of scripts/bench_decode.py")
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
-    ap.add_argument("--trees", nargs="+", default=["4,1,5", "6,8,48"])
+    ap.add_argument("--trees", nargs="+", default=["4,1,5", "6,8,48"],
+                    help="num_steps,topk,num_draft_tokens each, or 'default' (the batch size's automatic tree)")
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--context", type=int, default=300, help="committed tokens before timing")
     ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
@@ -82,7 +84,8 @@ def main() -> None:
     for b in a.batch:
         g = torch.Generator().manual_seed(b)
         prompts = [torch.randint(0, cfg.vocab_size, (a.context,), generator=g).tolist() for _ in range(b)]
-        trees = [TreeConfig(*map(int, t.split(","))) for t in a.trees]
+        trees = [default_ladder("cuda", b)[0] if t == "default" else TreeConfig(*map(int, t.split(",")))
+                 for t in a.trees]
         eng = SpecEngine(target, draft, 2048, adaptive=False, log=lambda _: None)
         eng.policy.ladder(b)
         eng.policy._ladders[b] = trees  # the cache margin must cover every tree timed
