@@ -1,3 +1,5 @@
+import os
+
 from tests.conftest import make_hf_model, save_and_load
 
 
@@ -26,3 +28,15 @@ def test_bucket_rows_pads_to_a_power_of_two_only_under_graphs():
     assert bucket_rows(prompts, graphs=True) == prompts + [[5]]
     assert len(bucket_rows(prompts * 3, graphs=True)) == 16
     assert bucket_rows(prompts[:1], graphs=True) == prompts[:1]
+
+
+def test_compile_cache_lives_under_eaglets_cache(monkeypatch, tmp_path):
+    from eaglet.cuda_graph import persistent_compile_cache
+
+    monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    persistent_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    persistent_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"  # the user's choice wins
