@@ -92,18 +92,23 @@ def _convert_gguf(gguf: Path) -> Path:
     return out
 
 
-def resolve_target_dir(spec: str) -> Path:
-    """The HF directory for a target name, directory or GGUF file."""
+def locate_target(spec: str) -> Path:
+    """The GGUF file or HF directory a --target names, checked without loading or converting anything."""
     if spec in _EMBEDDED:
-        return _convert_gguf(_embedded_gguf(spec))
+        return _embedded_gguf(spec)
     path = Path(spec).expanduser()
     if not path.exists():
         raise EagletError(f"target '{spec}' is neither a known model ({', '.join(_EMBEDDED)}) nor an existing path")
     if path.is_file():
         if path.suffix != ".gguf":
             raise EagletError(f"{path} is a file but not a .gguf; pass a GGUF file or an HF model directory")
-        return _convert_gguf(path)
     return path
+
+
+def resolve_target_dir(spec: str) -> Path:
+    """The HF directory for a target name, directory or GGUF file."""
+    path = locate_target(spec)
+    return _convert_gguf(path) if path.is_file() else path
 
 
 def load_tokenizer(path: Path):
