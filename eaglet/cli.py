@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 
 from eaglet import __version__
 from eaglet.cli_checks import device, integer, nonempty, number, point_list
@@ -38,7 +39,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default is None or action.default is False or not action.option_strings:
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.default is False:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -48,6 +49,8 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _Help)
+        if kwargs.get("description"):  # raw text keeps the examples' layout, so wrap the prose here
+            kwargs["description"] = textwrap.fill(kwargs["description"], 100)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -202,7 +205,7 @@ def cmd_bench(args) -> int:
 
 
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
-    p.add_argument(batch_flag, dest="regen_batch_size", type=integer(1), default=256,
+    p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=256,
                    help="prompts decoded together")
     p.add_argument("--max-new-tokens", type=integer(1), default=384, help="tokens per answer at most")
     p.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature; 0 = greedy")

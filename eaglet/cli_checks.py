@@ -106,8 +106,8 @@ def _named(flag: str, check: Callable, *args):
 
 
 def _writable(flag: str, path: Path) -> None:
-    """``path`` can be created (or replaced): its nearest existing ancestor is a writable directory."""
-    anc = path.absolute().parent
+    """``path`` can be written: an existing directory is writable, else its nearest existing ancestor is."""
+    anc = path.absolute() if path.is_dir() else path.absolute().parent
     while not anc.exists():
         anc = anc.parent
     if not anc.is_dir():
@@ -120,10 +120,10 @@ def _writable(flag: str, path: Path) -> None:
         raise EagletError(f"{flag} {path}: cannot write in {anc} ({e.strerror}); pass a writable location") from None
 
 
-def output_file(flag: str, value: str) -> Path:
+def output_file(flag: str, value: str, example: str) -> Path:
     path = Path(value).expanduser()
     if path.is_dir():
-        raise EagletError(f"{flag} {value} is a directory; pass a file path inside it, e.g. {path / 'out.json'}")
+        raise EagletError(f"{flag} {value} is a directory; pass a file path inside it, e.g. {path / example}")
     _writable(flag, path)
     return path
 
@@ -136,7 +136,7 @@ def output_dir(flag: str, value: str, ours: tuple[str, ...]) -> Path:
     if path.is_dir() and any(path.iterdir()) and not any((path / name).exists() for name in ours):
         raise EagletError(f"{flag} {value} already holds files that eaglet did not write; "
                           "pass a new or empty directory")
-    _writable(flag, path / "x")
+    _writable(flag, path)
     return path
 
 
@@ -224,7 +224,7 @@ def _bench(args: Namespace) -> None:
 def _regenerate(args: Namespace) -> None:
     _target(args)
     inputs = input_files("--data", args.data)
-    out = output_file("--out", args.out)
+    out = output_file("--out", args.out, "answers.jsonl")
     if any(_inside(out, p) for p in inputs):
         raise EagletError(f"--out {args.out} is also an input of --data; write the answers to another file")
 
@@ -269,7 +269,7 @@ def _doctor(args: Namespace) -> None:
         input_files("--prompts", args.prompts, builtin=False)
     _features("--features", args.features)
     if args.json is not None:
-        output_file("--json", args.json)
+        output_file("--json", args.json, "doctor.json")
     _tree(args)
 
 
