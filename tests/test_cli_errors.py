@@ -115,3 +115,12 @@ def test_an_internal_error_is_one_sentence_and_the_traceback_goes_to_a_log(capsy
     assert line.startswith("eaglet: internal error (ZeroDivisionError: division by zero)") and "report" in line
     [log] = (tmp_path / "logs").glob("error-*.log")
     assert str(log) in line and "Traceback" in log.read_text() and "broken" in log.read_text()
+
+
+def test_an_answer_cut_by_max_context_says_so(capsys, model_dir):
+    assert main(["generate", "--target", str(model_dir), "--prompt", "the quick", "--draft", "none",
+                 "--max-context", "24", "--max-new-tokens", "100", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert out["finish_reason"] == "length" and out["prompt_tokens"] + out["completion_tokens"] <= 24
+    assert "filled the 24-token context; raise --max-context" in captured.err

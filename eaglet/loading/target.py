@@ -12,7 +12,9 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +77,11 @@ def _convert_gguf(gguf: Path) -> Path:
 
     from eaglet.loading.gguf_file import read_gguf
 
+    t0 = time.perf_counter()
+    _note(f"first use of {gguf.name} ({st.st_size / 2**20:.0f} MiB): converting it once into a float32 "
+          f"safetensors copy in {out} (set EAGLET_CACHE to keep the cache elsewhere)")
     config, tensors = read_gguf(gguf)
+    _note(f"writing {sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20:.0f} MiB to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
@@ -89,7 +95,12 @@ def _convert_gguf(gguf: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _note(f"converted {gguf.name} in {time.perf_counter() - t0:.0f} s; later runs load {out} directly")
     return out
+
+
+def _note(msg: str) -> None:
+    print(f"eaglet: {msg}", file=sys.stderr, flush=True)
 
 
 def locate_target(spec: str) -> Path:
