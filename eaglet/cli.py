@@ -1,18 +1,20 @@
-"""The eaglet command line: the only place that parses arguments.
+"""The eaglet command line: the only place that parses arguments, and the user manual (--help).
 
 eaglet generate | bench | data regenerate | data capture | train | draft import | doctor
+
+Each option's type refuses a bad value while parsing; ``cli_checks.check`` then checks paths
+and options that go together, all before a model loads; ``commands.py`` runs the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 
 from eaglet import __version__
 from eaglet.cli_checks import device, integer, nonempty, number, point_list
-from eaglet.errors import EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, EagletError
+from eaglet.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, EagletError
 
 EXAMPLES = """\
 examples:
@@ -90,13 +92,6 @@ def _add_tp(p: argparse.ArgumentParser) -> None:
                         "eaglet starts them, or joins those torchrun started")
 
 
-def _tp_job(args, under_torchrun_too: bool = True) -> bool:
-    """Run as N ranks: --tp > 1, or (generate, bench) any torchrun job, whose size must then match --tp."""
-    from eaglet.parallel.launch import under_torchrun
-
-    return args.tp > 1 or (under_torchrun_too and under_torchrun())
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="eaglet", description="Train EAGLE-3 draft models for a target LLM and serve the target "
                      "with tree speculative decoding.", epilog=EXAMPLES)
@@ -119,30 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_parsers(sub)
     _add_doctor_parser(sub)
     return parser
-
-
-def _device_dtype(args):
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    return device, getattr(torch, name)
-
-
-def cmd_generate(args) -> int:
-    from eaglet.parallel.commands import generate_rank, generate_tp
-    from eaglet.parallel.state import SINGLE
-    from eaglet.sampling import SamplingParams
-
-    SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)  # fail before loading
-    device, dtype = _device_dtype(args)
-    if _tp_job(args):
-        return generate_tp(args, device, dtype)
-    print(f"eaglet: loading {args.target} on {device} ({str(dtype).removeprefix('torch.')})", file=sys.stderr)
-    result = generate_rank(SINGLE, args, device, dtype)
-    if args.json:
-        print(json.dumps(result))
-    return 0
 
 
 # --- speculative decoding: generate --draft, bench -----------------------------------------------------------
@@ -181,24 +152,6 @@ def _add_bench_parser(sub) -> None:
     _add_spec_options(b)
     _add_engine_compile(b)
     _add_tp(b)
-
-
-def cmd_bench(args) -> int:
-    from eaglet.bench.run import BenchConfig, run_bench
-
-    device, dtype = _device_dtype(args)
-    cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, out=args.out,
-                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                      top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
-                      device=device, dtype=dtype, max_context=args.max_context,
-                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile)
-    if _tp_job(args):
-        from eaglet.parallel.commands import bench_tp
-
-        return bench_tp(args, cfg)
-    run_bench(cfg)
-    return 0
 
 
 # --- training: eaglet data regenerate | data capture | train | draft import ----------------------------------
@@ -314,109 +267,6 @@ def _add_train_parser(sub) -> None:
     _add_tp(t)
 
 
-def _load_for_training(args, device):
-    import torch
-
-    from eaglet.loading import load_target
-
-    name = args.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
-    print(f"eaglet: loading {args.target} on {device} ({name})", file=sys.stderr)
-    return load_target(args.target, dtype=getattr(torch, name), device=device)
-
-
-def _split(args) -> str | None:
-    return None if args.split == "all" else args.split
-
-
-def _regen_config(args):
-    from eaglet.train.pipeline import RegenConfig
-
-    return RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
-                       args.max_prompt_tokens, args.max_samples, args.max_val_samples, args.seed)
-
-
-def cmd_data(args) -> int:
-    import time
-    from pathlib import Path
-
-    from eaglet.train.dist import init_distributed
-
-    if args.data_command == "capture" and _tp_job(args, under_torchrun_too=False):
-        from eaglet.parallel.commands import capture_tp
-
-        return capture_tp(args, *_device_dtype(args))
-    dist = init_distributed(args.device)
-    if dist.enabled:
-        raise EagletError("`eaglet data` runs as one process; under torchrun use `eaglet train --regenerate`")
-    dev = dist.device
-    if args.data_command == "regenerate":
-        from eaglet.data.prompts import load_conversations
-        from eaglet.data.regenerate import claim_output, regen_settings, regenerate
-        from eaglet.train.pipeline import sampled_prompts
-
-        rc = _regen_config(args)
-        convs = sampled_prompts(load_conversations(args.data, _split(args)), rc)
-        out = Path(args.out)
-        claim_output(out, regen_settings(args.target, rc.params()), restart=args.restart)  # before loading
-        deadline = time.time() + 60 * args.time_budget_min if args.time_budget_min else None
-        target = _load_for_training(args, dev)
-        stats = regenerate(target, convs, out, rc.params(), rc.batch_size, rc.max_prompt_tokens,
-                           seed=args.seed, deadline=deadline)
-        print(json.dumps({"out": args.out, **vars(stats)}))
-        return 0
-    import torch
-
-    from eaglet.train.pipeline import capture_run
-
-    target = _load_for_training(args, dev)
-    print(json.dumps(capture_run(target, args.data, _split(args), Path(args.out), args.capture, args.max_len,
-                                 args.shard_samples, args.batch_tokens, getattr(torch, args.feature_dtype))))
-    return 0
-
-
-def cmd_train(args) -> int:
-    import time
-    from pathlib import Path
-
-    from eaglet.train.dist import init_distributed
-    from eaglet.train.pipeline import run_train
-    from eaglet.train.trainer import TrainConfig
-
-    cfg = TrainConfig(ttt_steps=args.ttt_steps, decay=args.decay, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
-                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                      epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens,
-                      max_len=args.max_len, draft_vocab_size=args.draft_vocab_size, capture_points=args.capture,
-                      save_every=args.save_every, val_every=args.val_every, seed=args.seed,
-                      autocast=False if args.no_autocast else None, tensorboard=args.tensorboard)
-    regen = _regen_config(args) if args.regenerate else None
-    if _tp_job(args, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
-        from eaglet.parallel.commands import train_tp
-
-        return train_tp(args, cfg, regen, *_device_dtype(args))
-    start = time.time()  # --time-budget-min covers loading the target too
-    dist = init_distributed(args.device)
-    target = _load_for_training(args, dist.device)
-    budget = 60 * args.time_budget_min if args.time_budget_min else None
-    regen_budget = 60 * args.regen_budget_min if args.regen_budget_min else None
-    result = run_train(target, args.data, Path(args.out), cfg, dist, regen, args.features, args.val_features,
-                       args.val_fraction, budget, regen_budget, start)
-    if dist.main:
-        result.pop("config")
-        print(json.dumps({"draft": str(Path(args.out) / "draft"), **result}))
-    return 0
-
-
-def cmd_draft(args) -> int:
-    from eaglet.draft.compat import import_draft
-    from eaglet.train.dist import init_distributed
-
-    target = _load_for_training(args, init_distributed(args.device).device)
-    spec = import_draft(args.src, args.out, target, list(args.capture_ids) if args.capture_ids else None,
-                        args.convention, overwrite=args.overwrite)
-    print(json.dumps({"out": args.out, "capture_points": list(spec.points), "convention": "eaglet"}))
-    return 0
-
-
 # --- eaglet doctor: does serving feed the draft what training fed it? (body in eaglet/doctor/) ---------------
 
 
@@ -443,28 +293,6 @@ def _add_doctor_parser(sub) -> None:
     _add_spec_options(d)
 
 
-def cmd_doctor(args) -> int:
-    from eaglet.doctor.config import DoctorConfig
-    from eaglet.doctor.run import run_doctor
-
-    device, dtype = _device_dtype(args)
-    cfg = DoctorConfig(target=args.target, draft=args.draft, prompts=args.prompts, num_prompts=args.num_prompts,
-                       max_new_tokens=args.max_new_tokens, features=args.features, tp=args.tp,
-                       num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                       max_context=args.max_context, device=device, dtype=dtype)
-    report = run_doctor(cfg)
-    print(report.format())
-    if args.json:
-        report.write_json(args.json)
-    return 0 if report.ok else EXIT_CHECK_FAILED
-
-
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
-COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
-COMMANDS.update(doctor=cmd_doctor)
-
-
 def _internal_error(exc: BaseException) -> int:
     """A bug, not a user error: one sentence on screen, the traceback in a log file (or on screen if none)."""
     import time
@@ -489,6 +317,7 @@ def _internal_error(exc: BaseException) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from eaglet.cli_checks import check
+    from eaglet.commands import COMMANDS
     from eaglet.interrupt import Interrupted
 
     try:

@@ -241,7 +241,8 @@ def _train(args: Namespace) -> None:
         raise EagletError("--data builtin holds prompts only; add --regenerate to have the target answer them, "
                           "or pass a JSONL file with answers")
     input_files("--data", args.data)
-    output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "regenerated.jsonl", "draft"))
+    output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors",
+                                        "regenerated.jsonl.meta.json", "regenerated-0.jsonl.meta.json", "draft"))
     _features("--features", args.features)
     _features("--val-features", args.val_features)
 

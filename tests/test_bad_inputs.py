@@ -241,3 +241,8 @@ def test_at_least_sixty_cases_cover_every_command():
     for command in [("generate",), ("bench",), ("data", "regenerate"), ("data", "capture"), ("train",),
                     ("draft", "import"), ("doctor",)]:
         assert command in firsts, command
+
+
+def test_docs_errors_lists_every_case():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+    assert not [c[0] for c in CASES if f"`{c[0]}`" not in text], "docs/errors.md is missing cases"

@@ -103,13 +103,13 @@ def test_tree_and_sampling_top_k_have_distinct_names_and_old_aliases():
 
 
 def test_an_internal_error_is_one_sentence_and_the_traceback_goes_to_a_log(capsys, monkeypatch, tmp_path):
-    import eaglet.cli as cli
+    import eaglet.commands as commands
 
     def broken(_args):
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
-    monkeypatch.setitem(cli.COMMANDS, "generate", broken)
+    monkeypatch.setitem(commands.COMMANDS, "generate", broken)
     assert main(["generate", "--prompt", "hi", "--draft", "none", "--device", "cpu"]) == EXIT_INTERNAL
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("eaglet: internal error (ZeroDivisionError: division by zero)") and "report" in line

@@ -31,7 +31,7 @@ from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.hf import check_safetensors
 from eaglet.loading.target import Target
-from eaglet.outputs import write_atomic
+from eaglet.outputs import atomic_file, write_atomic
 
 FORMAT = "eaglet-features/1"
 
@@ -90,9 +90,8 @@ def _capture_shard(model, data: TokenData, out: Path, capture: CaptureSpec, mani
     tensors = {"ids": data.ids[a:b].clone(), "mask": data.mask[a:b].to(torch.uint8),
                "offsets": data.offsets[idx[0]: idx[-1] + 2] - a,
                "aux": torch.cat([aux_of[i] for i in idx]), "hidden": torch.cat([hid_of[i] for i in idx])}
-    tmp = out / f".shard-{s:05d}.tmp"
-    save_file(tensors, str(tmp), metadata={"eaglet": json.dumps(manifest)})
-    tmp.replace(out / f"shard-{s:05d}.safetensors")
+    with atomic_file(out / f"shard-{s:05d}.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"eaglet": json.dumps(manifest)})
 
 
 def check_feature_dir(path: Path) -> tuple[dict, list[Path]]:

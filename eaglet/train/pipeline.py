@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eaglet.data.dataset import TokenData
 from eaglet.data.features import FeatureSet
-from eaglet.data.prompts import Conversation, load_conversations, note, split_train_val
+from eaglet.data.prompts import BUILTIN, Conversation, load_conversations, note, split_train_val
 from eaglet.data.regenerate import regenerate
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
@@ -142,6 +142,8 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
             regen_budget_s = time_budget_s / 2
         regen_deadline = start + regen_budget_s if regen_budget_s else None
         data = regenerate_run(target, data, out, regen, dist, regen_deadline, val_fraction, cfg.progress)
+    elif data == BUILTIN:  # the CLI refuses this before loading; here for callers of run_train
+        raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
     convs = [c for c in load_conversations(data) if c.has_answer]
     if not convs:
         raise EagletError(f"{data} holds no assistant answers to train on; regenerate them first "
