@@ -240,9 +240,12 @@ def _train(args: Namespace) -> None:
     if args.data == "builtin" and not args.regenerate:
         raise EagletError("--data builtin holds prompts only; add --regenerate to have the target answer them, "
                           "or pass a JSONL file with answers")
-    input_files("--data", args.data)
-    output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors",
-                                        "regenerated.jsonl.meta.json", "regenerated-0.jsonl.meta.json", "draft"))
+    inputs = input_files("--data", args.data)
+    out = output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors",
+                                              "regenerated.jsonl", "regenerated-0.jsonl", "draft"))
+    if args.regenerate and any(_inside(p.parent, out) and p.name.startswith("regenerated") for p in inputs):
+        raise EagletError(f"--data {args.data} is where --regenerate writes its answers in --out {args.out}; "
+                          "pass the prompts from another file")
     _features("--features", args.features)
     _features("--val-features", args.val_features)
 

@@ -111,6 +111,8 @@ CASES = [  # (id, argv, words the message must hold)
     ("train-builtin-without-regenerate", [*TRAIN[:3], "--data", "builtin", "--out", "{ws}/run"],
      ["--data builtin", "--regenerate"]),
     ("train-data-missing", [*TRAIN[:3], "--data", "{ws}/nope.jsonl", "--out", "{ws}/run"], ["--data"]),
+    ("train-regenerate-into-its-data", ["train", "--target", M, "--regenerate", "--data", "{ws}/run/regenerated.jsonl",
+                                        "--out", "{ws}/run"], ["--data", "where --regenerate writes"]),
     ("train-out-file", [*TRAIN[:-1], "{file}"], ["--out", "is a file"]),
     ("train-out-foreign", [*TRAIN[:-1], "{foreign}"], ["--out", "eaglet did not write"]),
     ("train-features-missing", [*TRAIN, "--features", "{ws}/nope"], ["--features", "not a feature directory"]),
@@ -176,6 +178,8 @@ def places(tmp_path_factory) -> dict[str, str]:
     (ws / "file.txt").write_text("a file")
     foreign_jsonl = write_jsonl(ws / "mine.jsonl", [{"messages": list(ps[0].messages)}])
     regen_done = write_jsonl(ws / "done.jsonl", [])
+    (ws / "run").mkdir()
+    write_jsonl(ws / "run" / "regenerated.jsonl", [{"messages": list(ps[1].messages)}])
     meta_path(regen_done).write_text(json.dumps(regen_settings(str(model), SamplingParams(max_new_tokens=8))))
     return {"ws": str(ws), "model": str(model), "draft": str(draft), "draft_parent": str(draft.parent),
             "draft_truncated": str(truncated), "draft_no_shard": str(no_shard), "prompts": str(good),
