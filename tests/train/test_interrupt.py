@@ -1,5 +1,5 @@
-"""Ctrl-C (a real SIGINT to this process) in train, data regenerate and data capture: the work done is
-saved, the exit status is 130, and the same command resumes without losing or repeating anything."""
+"""Ctrl-C or SIGTERM (a real signal to this process) in train, data regenerate and data capture: the work
+done is saved, the exit status is 130, and the same command resumes without losing or repeating anything."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from eaglet.data.features import FeatureSet
 from tests.train.helpers import prompts, write_jsonl
 
 
-def _interrupt_on_call(monkeypatch, owner, name: str, call: int, times: int = 1) -> None:
-    """Send SIGINT ``times`` times to this process at the end of the ``call``-th call of ``owner.name``."""
+def _interrupt_on_call(monkeypatch, owner, name: str, call: int, times: int = 1, sig=signal.SIGINT) -> None:
+    """Send ``sig`` ``times`` times to this process at the end of the ``call``-th call of ``owner.name``."""
     original, calls = getattr(owner, name), [0]
 
     def wrapped(*args, **kwargs):
@@ -23,7 +23,7 @@ def _interrupt_on_call(monkeypatch, owner, name: str, call: int, times: int = 1)
         calls[0] += 1
         if calls[0] == call:
             for _ in range(times):
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), sig)
         return out
 
     monkeypatch.setattr(owner, name, wrapped)
@@ -109,7 +109,7 @@ def test_capture_interrupted_keeps_finished_shards_and_resumes(tiny_target_dir, 
     assert main([*args, "--out", str(tmp_path / "reference")]) == 0
     out = tmp_path / "features"
     with monkeypatch.context() as m:
-        _interrupt_on_call(m, features, "_capture_shard", call=1)
+        _interrupt_on_call(m, features, "_capture_shard", call=1, sig=signal.SIGTERM)  # as a scheduler stops a job
         assert main([*args, "--out", str(out)]) == 130
     assert "1 of 3 feature shards" in capsys.readouterr().err
     assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.safetensors"]
