@@ -169,15 +169,15 @@ def places(tmp_path_factory) -> dict[str, str]:
     (no_shard / "model.safetensors.index.json").write_text(json.dumps(index))
     ps = prompts(4, seed=5)
     good = write_jsonl(ws / "prompts.jsonl", [{"messages": list(p.messages)} for p in ps])
-    answers = write_jsonl(ws / "answers.jsonl", [{"messages": [*p.messages, {"role": "assistant", "content": "ok"}]}
-                                                 for p in ps])
+    answered = [{"messages": [*p.messages, {"role": "assistant", "content": "ok"}]} for p in ps]
+    answers = write_jsonl(ws / "answers.jsonl", answered)
     foreign = ws / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     (ws / "empty").mkdir()
     (ws / "file.txt").write_text("a file")
     foreign_jsonl = write_jsonl(ws / "mine.jsonl", [{"messages": list(ps[0].messages)}])
-    regen_done = write_jsonl(ws / "done.jsonl", [])
+    regen_done = write_jsonl(ws / "done.jsonl", answered[2:3])
     (ws / "run").mkdir()
     write_jsonl(ws / "run" / "regenerated.jsonl", [{"messages": list(ps[1].messages)}])
     meta_path(regen_done).write_text(json.dumps(regen_settings(str(model), SamplingParams(max_new_tokens=8))))

@@ -78,13 +78,15 @@ def claim_output(out: Path, settings: dict, restart: bool = False,
             recorded = json.loads(meta.read_text())
         except (OSError, ValueError):
             recorded = {}
-    if recorded is None and out.is_file() and out.stat().st_size > 0:
-        raise EagletError(f"{out} exists but `eaglet data regenerate` did not write it (no {meta.name}); {fix}")
-    if recorded is not None and recorded != settings:
-        diff = "; ".join(f"{k} {recorded.get(k)!r} then, {settings.get(k)!r} now" for k in settings
-                         if recorded.get(k) != settings.get(k))
-        raise EagletError(f"{out} holds answers generated with other settings ({diff}); rerun with those, or {fix}")
-    if recorded is None:
+    if out.is_file() and out.stat().st_size > 0:  # settings matter only once there are answers
+        if recorded is None:
+            raise EagletError(f"{out} exists but `eaglet data regenerate` did not write it (no {meta.name}); {fix}")
+        if recorded != settings:
+            diff = "; ".join(f"{k} {recorded.get(k)!r} then, {settings.get(k)!r} now" for k in settings
+                             if recorded.get(k) != settings.get(k))
+            raise EagletError(f"{out} holds answers generated with other settings ({diff}); rerun with those, "
+                              f"or {fix}")
+    if recorded != settings:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(meta, json.dumps(settings, indent=1))
 
