@@ -174,7 +174,9 @@ def check_draft_dir(path: Path) -> dict:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise EagletError(f"cannot read {path / 'config.json'} ({e})") from None
-    if not isinstance(cfg, dict) or ARCH not in (cfg.get("architectures") or []):
+    if not isinstance(cfg, dict):
+        raise EagletError(f"{path / 'config.json'} is not a JSON object")
+    if not is_draft_dir(path):
         raise EagletError(f"{path} is not an EAGLE-3 draft (architectures: {cfg.get('architectures')})")
     if int(cfg.get("num_hidden_layers", 1)) != 1:
         raise EagletError(f"eaglet runs one-layer EAGLE-3 drafts; {path} has {cfg['num_hidden_layers']} layers")
