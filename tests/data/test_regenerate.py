@@ -96,12 +96,17 @@ def test_other_settings_are_refused_and_restart_starts_over(tiny_target, tmp_pat
     assert json.loads(meta_path(out).read_text())["max_new_tokens"] == 5
 
 
-def test_cli_caps_validation_prompts_with_max_val_samples(tiny_target_dir, tmp_path, capsys):
+def test_cli_caps_validation_prompts_and_restarts_only_when_asked(tiny_target_dir, tmp_path, capsys):
     src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages), "split": "val" if i < 4 else "train"}
                                              for i, p in enumerate(prompts(10, seed=7))])
     out = tmp_path / "r.jsonl"
-    assert main(["data", "regenerate", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src),
-                 "--out", str(out), "--max-new-tokens", "4", "--max-samples", "3", "--max-val-samples", "1"]) == 0
+    argv = ["data", "regenerate", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src),
+            "--out", str(out), "--max-samples", "3", "--max-val-samples", "1"]
+    assert main([*argv, "--max-new-tokens", "4"]) == 0
     splits = [json.loads(line)["split"] for line in out.read_text().splitlines()]
     assert sorted(splits) == ["train"] * 3 + ["val"]
-    capsys.readouterr()
+    before = out.read_bytes()
+    assert main([*argv, "--max-new-tokens", "5"]) == 2 and out.read_bytes() == before  # other settings
+    assert "--restart" in capsys.readouterr().err
+    assert main([*argv, "--max-new-tokens", "5", "--restart"]) == 0
+    assert json.loads(meta_path(out).read_text())["max_new_tokens"] == 5 and len(out.read_text().splitlines()) == 4
