@@ -61,12 +61,15 @@ class CaptureSpec:
         """Read layer ids written in the named tool's convention."""
         _check(convention)
         ids = [int(i) for i in ids]
-        if convention in ("eaglet", "vllm"):
-            return cls(tuple(ids), num_layers)
-        if any(i < 0 for i in ids):
-            # -1 would otherwise become point 0 (the embedding output), not "the last layer".
-            raise EagletError(f"layer ids {ids} in the {convention} convention must be 0..{num_layers - 1}")
-        return cls(tuple(i + 1 for i in ids), num_layers)
+        points = convention in ("eaglet", "vllm")
+        top = num_layers if points else num_layers - 1
+        bad = [i for i in ids if not 0 <= i <= top]
+        if bad:
+            # Judged as typed: after conversion the error would name ids the user never wrote, and
+            # -1 would silently become point 0 (the embedding output), not "the last layer".
+            raise EagletError(f"layer ids {bad} are outside 0..{top}, the {convention} ids of a "
+                              f"{num_layers}-layer target")
+        return cls(tuple(ids if points else (i + 1 for i in ids)), num_layers)
 
     def to_json(self) -> dict:
         return {"points": list(self.points), "num_layers": self.num_layers, "convention": "eaglet"}

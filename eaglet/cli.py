@@ -1,71 +1,110 @@
-"""The eaglet command line: the only place that parses arguments.
+"""The eaglet command line: the only place that parses arguments, and the user manual (--help).
 
-eaglet generate | bench | data | train | doctor
+eaglet generate | bench | data regenerate | data capture | train | draft import | doctor
+
+Each option's type refuses a bad value while parsing; ``cli_checks.check`` then checks paths
+and options that go together, all before a model loads; ``commands.py`` runs the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import textwrap
 
-from eaglet.errors import EagletError
+from eaglet import __version__
+from eaglet.cli_checks import device, integer, nonempty, number, point_list
+from eaglet.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, EagletError
+
+EXAMPLES = """\
+examples:
+  eaglet generate --prompt "Explain speculative decoding in two sentences."
+  eaglet bench --limit 8 --methods plain,spec --out runs/bench
+  eaglet data regenerate --data builtin --max-samples 2000 --out runs/answers.jsonl
+  eaglet data capture --data runs/answers.jsonl --out runs/features
+  eaglet train --data runs/answers.jsonl --features runs/features --out runs/draft
+  eaglet train --regenerate --time-budget-min 30 --out runs/draft   (prompts to draft in one command)
+  eaglet draft import SRC OUT --capture-ids 1,15,28 --convention sglang
+  eaglet doctor --draft runs/draft/draft --json runs/doctor.json
+
+`eaglet COMMAND --help` documents every option of a command, with its default.
+
+exit status: 0 done; 1 a doctor check failed; 2 a usage error (one sentence names the
+option and the fix); 70 an internal error (a bug: the traceback is written to a log
+file); 130 interrupted (train, data regenerate and data capture save their progress
+first; the same command resumes).
+"""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, unless its help already says what the default is (or there is none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.default is False:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, not the usage block followed by the message."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        if kwargs.get("description"):  # raw text keeps the examples' layout, so wrap the prose here
+            kwargs["description"] = textwrap.fill(kwargs["description"], 100)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"eaglet: error: {message}; see `{self.prog} --help`\n")
 
 
 def _add_target(p: argparse.ArgumentParser, context: bool = True) -> None:
     p.add_argument("--target", default="smollm2-135m",
-                   help="embedded model name, HF model directory, or .gguf file (default: smollm2-135m)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+                   help="the target model: an embedded name (smollm2-135m), a Hugging Face model directory "
+                        "(config.json, safetensors, tokenizer) or a .gguf file")
+    p.add_argument("--device", type=device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the target's dtype (default: float32 on CPU, bfloat16 on CUDA)")
     if context:
-        p.add_argument("--max-context", type=int, default=None,
-                       help="KV-cache size in tokens (default: the model's window, capped at 4096)")
+        p.add_argument("--max-context", type=integer(2), default=None,
+                       help="KV-cache size in tokens, prompt and answer together (default: the model's window, "
+                            "capped at 4096)")
 
 
 def _add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--seed", type=int, default=seed)
+    p.add_argument("--max-new-tokens", type=integer(1), default=256, help="tokens generated per answer at most")
+    p.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0,
+                   help="nucleus sampling: keep the most likely tokens up to this probability mass; 1 = off")
+    p.add_argument("--sample-top-k", "--top-k", dest="top_k", metavar="K", type=integer(0), default=0,
+                   help="sampling: keep the k most likely tokens; 0 = off (not the draft tree's --tree-topk)")
+    p.add_argument("--seed", type=int, default=seed,
+                   help="random seed of sampling" + (" (default: none, a fresh draw each run)" if seed is None else ""))
 
 
 # --- tensor parallelism: --tp N for generate, bench, data capture, train (bodies in eaglet/parallel/commands.py) ---
 
 
-def _tp_size(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of ranks, got {text!r}")
-    return n
-
-
 def _add_tp(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tp", type=_tp_size, default=1,
+    p.add_argument("--tp", type=integer(1), default=1,
                    help="tensor-parallel ranks: shard the target over N processes, one per GPU (gloo on CPU); "
-                        "eaglet starts them, or joins those torchrun started (default: 1)")
-
-
-def _tp_job(args, under_torchrun_too: bool = True) -> bool:
-    """Run as N ranks: --tp > 1, or (generate, bench) any torchrun job, whose size must then match --tp."""
-    from eaglet.parallel.launch import under_torchrun
-
-    return args.tp > 1 or (under_torchrun_too and under_torchrun())
+                        "eaglet starts them, or joins those torchrun started")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eaglet", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="eaglet", description="Train EAGLE-3 draft models for a target LLM and serve the target "
+                     "with tree speculative decoding.", epilog=EXAMPLES)
+    parser.add_argument("--version", action="version", version=f"eaglet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    g = sub.add_parser("generate", help="generate text for one prompt (speculative when a draft is given)")
+    g = sub.add_parser("generate", help="generate text for one prompt (speculative when a draft is given)",
+                       description="Chat-templated generation for one prompt, streamed to stdout; speculative "
+                                   "with a draft, plain without.")
     _add_target(g)
     _add_sampling(g)
     _add_tp(g)
-    g.add_argument("--prompt", required=True, help="user message; the chat template is applied")
+    g.add_argument("--prompt", required=True, type=nonempty, help="the user message; the chat template is applied")
     g.add_argument("--draft", default="default",
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result on the last line")
@@ -77,40 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _device_dtype(args):
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise EagletError("--device cuda was asked for but no CUDA device is available")
-    name = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    return device, getattr(torch, name)
-
-
-def cmd_generate(args) -> int:
-    from eaglet.parallel.commands import generate_rank, generate_tp
-    from eaglet.parallel.state import SINGLE
-    from eaglet.sampling import SamplingParams
-
-    SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)  # fail before loading
-    device, dtype = _device_dtype(args)
-    if _tp_job(args):
-        return generate_tp(args, device, dtype)
-    print(f"eaglet: loading {args.target} on {device} ({str(dtype).removeprefix('torch.')})", file=sys.stderr)
-    result = generate_rank(SINGLE, args, device, dtype)
-    if args.json:
-        print(json.dumps(result))
-    return 0
-
-
 # --- speculative decoding: generate --draft, bench -----------------------------------------------------------
 
 
 def _add_spec_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-steps", type=int, default=None, help="draft steps = tree depth (default: automatic)")
-    p.add_argument("--topk", type=int, default=None, help="children per expanded node (default: automatic)")
-    p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="tree nodes verified, root included (default: automatic); set all three or none")
+    p.add_argument("--num-steps", type=integer(1), default=None,
+                   help="draft tree: draft steps = tree depth (default: automatic)")
+    p.add_argument("--tree-topk", "--topk", dest="topk", metavar="K", type=integer(1), default=None,
+                   help="draft tree: children per expanded node (default: automatic; not sampling's --sample-top-k)")
+    p.add_argument("--num-draft-tokens", type=integer(2), default=None,
+                   help="draft tree: nodes verified per step, root included (default: automatic); "
+                        "set all three tree options or none")
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -123,285 +139,208 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench_parser(sub) -> None:
-    b = sub.add_parser("bench", help="side-by-side speed: plain, speculative, transformers generate, prompt lookup")
+    b = sub.add_parser("bench", help="side-by-side speed: plain, speculative, transformers generate, prompt lookup",
+                       description="The same prompts through every method in one process; writes OUT/report.json "
+                                   "and OUT/report.png and prints a table.")
     _add_target(b)
     b.add_argument("--draft", default="default", help="'default' (the target's shipped draft) or a draft directory")
     b.add_argument("--prompts", default="builtin",
                    help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts)")
-    b.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    b.add_argument("--limit", type=integer(1), default=None, help="use only the first N prompts (default: all)")
     _add_sampling(b, seed=0)
-    b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (ours and hf)")
+    b.add_argument("--batch-size", type=integer(1), default=1, help="prompts decoded together (ours and hf)")
     b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
-    b.add_argument("--out", required=True, help="directory for report.json and report.png")
+    b.add_argument("--out", required=True,
+                   help="directory for report.json and report.png: new, empty, or an earlier bench's")
     _add_spec_options(b)
     _add_engine_options(b)
     _add_tp(b)
 
 
-def cmd_bench(args) -> int:
-    from eaglet.bench.run import BenchConfig, run_bench
-
-    device, dtype = _device_dtype(args)
-    cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, out=args.out,
-                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                      top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
-                      device=device, dtype=dtype, max_context=args.max_context,
-                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
-                      policy=args.policy == "auto")
-    if _tp_job(args):
-        from eaglet.parallel.commands import bench_tp
-
-        return bench_tp(args, cfg)
-    run_bench(cfg)
-    return 0
-
-
 # --- training: eaglet data regenerate | data capture | train | draft import ----------------------------------
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
-    p.add_argument(batch_flag, dest="regen_batch_size", type=int, default=256, help="prompts decoded together")
-    p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped and counted")
-    p.add_argument("--max-samples", type=int, default=None, help="regenerate at most this many training prompts")
-    p.add_argument("--max-val-samples", type=int, default=None, help="and at most this many validation prompts")
+    p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=256,
+                   help="prompts decoded together")
+    p.add_argument("--max-new-tokens", type=integer(1), default=384, help="tokens per answer at most")
+    p.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling; 1 = off")
+    p.add_argument("--max-prompt-tokens", type=integer(1), default=1024, help="longer prompts are skipped and counted")
+    p.add_argument("--max-samples", type=integer(1), default=None,
+                   help="regenerate at most this many training prompts, a seeded sample (default: all)")
+    p.add_argument("--max-val-samples", type=integer(0), default=None,
+                   help="and at most this many validation prompts (default: all)")
 
 
 def _add_training_parsers(sub) -> None:
-    data = sub.add_parser("data", help="training data: regenerate answers with the target, capture features")
-    dsub = data.add_subparsers(dest="data_command", required=True)
-    r = dsub.add_parser("regenerate", help="the target answers the prompts itself (self-distillation); resumable")
+    data = sub.add_parser("data", help="training data: regenerate answers with the target, capture features",
+                          description="Training data: `regenerate` has the target answer prompts, `capture` stores "
+                                      "its hidden states as offline features.")
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    r = dsub.add_parser("regenerate", help="the target answers the prompts itself (self-distillation); resumable",
+                        description="The target answers the prompts itself (self-distillation). Finished batches "
+                                    "are appended to OUT; the settings are recorded in OUT.meta.json, and a rerun "
+                                    "with the same settings resumes where the last one stopped.")
     _add_target(r, context=False)
     r.add_argument("--data", required=True, help="'builtin' (the prompt corpus) or JSONL files, comma-separated")
-    r.add_argument("--split", choices=["train", "val", "all"], default="all")
+    r.add_argument("--split", choices=["train", "val", "all"], default="all", help="which records to answer")
     r.add_argument("--out", required=True, help="output JSONL; finished records are appended, a rerun resumes")
+    r.add_argument("--restart", action="store_true",
+                   help="discard OUT and its recorded settings and start over (e.g. with other generation settings)")
     _add_regen_options(r, "--batch-size")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--time-budget-min", type=float, default=None, help="stop after the batch running at this time")
+    r.add_argument("--seed", type=int, default=0, help="seed of the prompt sample, batch order and sampling")
+    r.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
+                   help="stop after the batch running at this many minutes (default: no limit)")
 
-    c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded")
+    c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded",
+                        description="Offline features for `train --features`: the captured points and final "
+                                    "hidden states of every answered conversation, in safetensors shards; a rerun "
+                                    "completes an interrupted capture.")
     _add_target(c, context=False)
     c.add_argument("--data", required=True, help="JSONL with assistant answers (e.g. from `data regenerate`)")
-    c.add_argument("--split", choices=["train", "val", "all"], default="all")
-    c.add_argument("--out", required=True, help="feature directory (resumes per shard)")
-    c.add_argument("--capture", type=_ints, default=None, help="points in eaglet's convention (default: EAGLE-3's)")
-    c.add_argument("--shard-samples", type=int, default=512, help="conversations per shard")
-    c.add_argument("--batch-tokens", type=int, default=16384)
-    c.add_argument("--max-len", type=int, default=None, help="tokens per conversation (default: 2048 or the window)")
-    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    c.add_argument("--split", choices=["train", "val", "all"], default="all", help="which records to capture")
+    c.add_argument("--out", required=True, help="feature directory: new, empty, or an earlier capture (it resumes)")
+    c.add_argument("--capture", type=point_list, default=None,
+                   help="residual-stream points in eaglet's convention, e.g. 2,15,27 "
+                        "(default: EAGLE-3's [2, N//2, N-3])")
+    c.add_argument("--shard-samples", type=integer(1), default=512, help="conversations per shard")
+    c.add_argument("--batch-tokens", type=integer(1), default=16384, help="padded tokens per target forward")
+    c.add_argument("--max-len", type=integer(8), default=None,
+                   help="tokens per conversation (default: 2048 or the window)")
+    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="stored precision")
     _add_tp(c)
+    _add_train_parser(sub)
+    d = sub.add_parser("draft", help="draft checkpoints: import another tool's EAGLE-3 draft")
+    dd = d.add_subparsers(dest="draft_command", required=True, metavar="SUBCOMMAND")
+    i = dd.add_parser("import", help="re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft",
+                      description="Re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft with "
+                                  "explicit capture points, checked against the target.")
+    i.add_argument("src", metavar="SRC", help="the draft directory to import (config.json and safetensors)")
+    i.add_argument("out", metavar="OUT", help="where the eaglet draft is written: a new or empty directory")
+    i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (atomically, once written)")
+    _add_target(i, context=False)
+    i.add_argument("--capture-ids", type=point_list, default=None,
+                   help="the draft's capture layer ids, counted as --convention says (default: from its config)")
+    i.add_argument("--convention", choices=["eaglet", "vllm", "sglang", "specforge"], default=None,
+                   help="how --capture-ids count: eaglet/vllm name points, sglang/specforge 'output of layer i' "
+                        "(= eaglet point i+1)")
 
-    t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint")
+
+def _add_train_parser(sub) -> None:
+    t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint",
+                       description="Train an EAGLE-3 draft with training-time test, validate it, and export it "
+                                   "to OUT/draft. A rerun with the same OUT resumes from OUT/checkpoint.")
     _add_target(t, context=False)
-    t.add_argument("--data", default="builtin", help="JSONL with answers, or 'builtin' / prompts with --regenerate")
+    t.add_argument("--data", default="builtin",
+                   help="JSONL files with answers, comma-separated; or prompts (e.g. 'builtin') with --regenerate")
     t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
     _add_regen_options(t, "--regen-batch-size")
-    t.add_argument("--regen-budget-min", type=float, default=None,
+    t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,
                    help="time for regeneration (default: half of --time-budget-min)")
-    t.add_argument("--features", default=None, help="offline feature directory (`data capture`) instead of online")
-    t.add_argument("--val-features", default=None, help="offline features for validation")
-    t.add_argument("--val-fraction", type=float, default=0.02, help="held out when records carry no split")
-    t.add_argument("--time-budget-min", type=float, default=None,
-                   help="whole-command budget; training stops in time to validate and export")
-    t.add_argument("--ttt-steps", type=int, default=7)
-    t.add_argument("--decay", type=float, default=0.8, help="loss weight decay**j of draft step j")
-    t.add_argument("--lr", type=float, default=5e-4)
-    t.add_argument("--min-lr-ratio", type=float, default=0.05)
-    t.add_argument("--warmup-steps", type=int, default=50)
-    t.add_argument("--weight-decay", type=float, default=0.0)
-    t.add_argument("--grad-clip", type=float, default=0.5)
-    t.add_argument("--epochs", type=int, default=1)
-    t.add_argument("--max-steps", type=int, default=None)
-    t.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch and rank")
-    t.add_argument("--max-len", type=int, default=None, help="tokens per conversation (default: 2048 or the window)")
-    t.add_argument("--draft-vocab-size", type=int, default=None, help="default: largest with a 16 MiB bf16 LM head")
-    t.add_argument("--capture", type=_ints, default=None, help="points in eaglet's convention (default: EAGLE-3's)")
-    t.add_argument("--save-every", type=int, default=250)
-    t.add_argument("--val-every", type=int, default=250)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--features", default=None,
+                   help="offline feature directory (`data capture`) instead of online (default: online)")
+    t.add_argument("--val-features", default=None, help="offline features for validation (default: online)")
+    t.add_argument("--val-fraction", type=number(0, 1, high_open=True), default=0.02,
+                   help="held out when records carry no split")
+    t.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
+                   help="whole-command budget; training stops in time to validate and export (default: none)")
+    t.add_argument("--ttt-steps", type=integer(1), default=7, help="draft steps unrolled in training-time test")
+    t.add_argument("--decay", type=number(0, 1, low_open=True), default=0.8, help="loss weight decay**j of step j")
+    t.add_argument("--lr", type=number(0, low_open=True), default=5e-4, help="peak learning rate (AdamW)")
+    t.add_argument("--min-lr-ratio", type=number(0, 1), default=0.05, help="the cosine ends at lr * this")
+    t.add_argument("--warmup-steps", type=integer(0), default=50, help="linear warm-up steps")
+    t.add_argument("--weight-decay", type=number(0), default=0.0, help="AdamW weight decay")
+    t.add_argument("--grad-clip", type=number(0, low_open=True), default=0.5, help="gradient-norm clip")
+    t.add_argument("--epochs", type=integer(1), default=1, help="passes over the training data")
+    t.add_argument("--max-steps", type=integer(1), default=None, help="stop after this many steps (default: epochs)")
+    t.add_argument("--batch-tokens", type=integer(16), default=16384, help="padded tokens per batch and rank")
+    t.add_argument("--max-len", type=integer(8), default=None,
+                   help="tokens per conversation (default: 2048 or the window)")
+    t.add_argument("--draft-vocab-size", type=integer(1), default=None,
+                   help="draft vocabulary (default: the largest with a 16 MiB bf16 LM head)")
+    t.add_argument("--capture", type=point_list, default=None,
+                   help="residual-stream points in eaglet's convention (default: EAGLE-3's [2, N//2, N-3])")
+    t.add_argument("--save-every", type=integer(1), default=250, help="checkpoint every N steps")
+    t.add_argument("--val-every", type=integer(1), default=250, help="validate every N steps")
+    t.add_argument("--seed", type=int, default=0, help="seed of the draft's initialisation and the batch order")
     t.add_argument("--no-autocast", action="store_true", help="no bf16 autocast on CUDA")
     t.add_argument("--tensorboard", action="store_true", help="also log to OUT/tensorboard (needs tensorboard)")
     _add_tp(t)
-
-    d = sub.add_parser("draft", help="draft checkpoints")
-    dd = d.add_subparsers(dest="draft_command", required=True)
-    i = dd.add_parser("import", help="re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft")
-    i.add_argument("src")
-    i.add_argument("out")
-    _add_target(i, context=False)
-    i.add_argument("--capture-ids", type=_ints, default=None, help="layer ids, in --convention")
-    i.add_argument("--convention", choices=["eaglet", "vllm", "sglang", "specforge"], default=None,
-                   help="how --capture-ids count (sglang/specforge: output of layer i = eaglet point i+1)")
-
-
-def _load_for_training(args, device):
-    import torch
-
-    from eaglet.loading import load_target
-
-    name = args.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
-    print(f"eaglet: loading {args.target} on {device} ({name})", file=sys.stderr)
-    return load_target(args.target, dtype=getattr(torch, name), device=device)
-
-
-def _split(args) -> str | None:
-    return None if args.split == "all" else args.split
-
-
-def cmd_data(args) -> int:
-    import time
-    from pathlib import Path
-
-    from eaglet.data.prompts import load_conversations
-    from eaglet.train.dist import init_distributed
-
-    if args.data_command == "capture" and _tp_job(args, under_torchrun_too=False):
-        from eaglet.parallel.commands import capture_tp
-
-        return capture_tp(args, *_device_dtype(args))
-    dist = init_distributed(args.device)
-    if dist.enabled:
-        raise EagletError("`eaglet data` runs as one process; under torchrun use `eaglet train --regenerate`")
-    dev = dist.device
-    if args.data_command == "regenerate":
-        from eaglet.data.regenerate import regenerate
-        from eaglet.train.pipeline import RegenConfig, capped
-
-        convs = capped(load_conversations(args.data, _split(args)), args.max_samples, args.seed)
-        rc = RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
-                         args.max_prompt_tokens, seed=args.seed)
-        deadline = time.time() + 60 * args.time_budget_min if args.time_budget_min else None
-        target = _load_for_training(args, dev)
-        stats = regenerate(target, convs, Path(args.out), rc.params(), rc.batch_size, rc.max_prompt_tokens,
-                           seed=args.seed, deadline=deadline)
-        print(json.dumps({"out": args.out, **vars(stats)}))
-        return 0
-    import torch
-
-    from eaglet.train.pipeline import capture_run
-
-    target = _load_for_training(args, dev)
-    print(json.dumps(capture_run(target, args.data, _split(args), Path(args.out), args.capture, args.max_len,
-                                 args.shard_samples, args.batch_tokens, getattr(torch, args.feature_dtype))))
-    return 0
-
-
-def cmd_train(args) -> int:
-    import time
-    from pathlib import Path
-
-    from eaglet.train.dist import init_distributed
-    from eaglet.train.pipeline import RegenConfig, run_train
-    from eaglet.train.trainer import TrainConfig
-
-    cfg = TrainConfig(ttt_steps=args.ttt_steps, decay=args.decay, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
-                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                      epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens,
-                      max_len=args.max_len, draft_vocab_size=args.draft_vocab_size, capture_points=args.capture,
-                      save_every=args.save_every, val_every=args.val_every, seed=args.seed,
-                      autocast=False if args.no_autocast else None, tensorboard=args.tensorboard)
-    regen = None
-    if args.regenerate:
-        regen = RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
-                            args.max_prompt_tokens, args.max_samples, args.max_val_samples, args.seed)
-    if _tp_job(args, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
-        from eaglet.parallel.commands import train_tp
-
-        return train_tp(args, cfg, regen, *_device_dtype(args))
-    start = time.time()  # --time-budget-min covers loading the target too
-    dist = init_distributed(args.device)
-    target = _load_for_training(args, dist.device)
-    budget = 60 * args.time_budget_min if args.time_budget_min else None
-    regen_budget = 60 * args.regen_budget_min if args.regen_budget_min else None
-    result = run_train(target, args.data, Path(args.out), cfg, dist, regen, args.features, args.val_features,
-                       args.val_fraction, budget, regen_budget, start)
-    if dist.main:
-        result.pop("config")
-        print(json.dumps({"draft": str(Path(args.out) / "draft"), **result}))
-    return 0
-
-
-def cmd_draft(args) -> int:
-    from eaglet.draft.compat import import_draft
-    from eaglet.train.dist import init_distributed
-
-    target = _load_for_training(args, init_distributed(args.device).device)
-    if args.capture_ids is not None and args.convention is None:
-        raise EagletError("--capture-ids needs --convention (eaglet, vllm, sglang or specforge)")
-    spec = import_draft(args.src, args.out, target, list(args.capture_ids) if args.capture_ids else None,
-                        args.convention)
-    print(json.dumps({"out": args.out, "capture_points": list(spec.points), "convention": "eaglet"}))
-    return 0
-
-
-# --- end of training commands -------------------------------------------------------------------------------
 
 
 # --- eaglet doctor: does serving feed the draft what training fed it? (body in eaglet/doctor/) ---------------
 
 
 def _add_doctor_parser(sub) -> None:
-    d = sub.add_parser("doctor", help="check a draft against its target, training against serving, with evidence")
+    d = sub.add_parser("doctor", help="check a draft against its target, training against serving, with evidence",
+                       description="Checks that training and serving feed the draft the same features: contract, "
+                                   "capture parity, capture-point search, offline vs online acceptance, engine "
+                                   "settings, tensor parallelism. Exit status 1 when a check fails.")
     _add_target(d)
     d.add_argument("--draft", default="default", help="a draft directory, or 'default' (the target's shipped draft)")
     d.add_argument("--prompts", default="builtin",
                    help="JSONL of chat prompts (OpenAI 'messages' or {'prompt': ...}), or 'builtin' (bench set)")
-    d.add_argument("--num-prompts", type=int, default=8, help="prompts the target answers and the draft is scored on")
-    d.add_argument("--max-new-tokens", type=int, default=128,
+    d.add_argument("--num-prompts", type=integer(1), default=8,
+                   help="prompts the target answers and the draft is scored on")
+    d.add_argument("--max-new-tokens", type=integer(4), default=128,
                    help="tokens per answer the draft is scored on; the speculative run decodes the first 48")
     d.add_argument("--features", default=None, help="offline feature directory (`data capture`) to compare too")
-    d.add_argument("--tp", type=_tp_size, default=None, help="also compare the target at tp=N with tp=1")
+    d.add_argument("--tp", type=integer(1), default=None, help="also compare the target at tp=N with tp=1")
     d.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON to PATH")
-    d.add_argument("--temperature", type=float, default=0.0, help="sampling settings to judge (default: greedy)")
-    d.add_argument("--top-p", type=float, default=1.0)
-    d.add_argument("--top-k", type=int, default=0, help="0 = off")
+    d.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature to judge; 0 = greedy")
+    d.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling to judge; 1 = off")
+    d.add_argument("--sample-top-k", "--top-k", dest="top_k", metavar="K", type=integer(0), default=0,
+                   help="sampling top-k to judge; 0 = off (not the draft tree's --tree-topk)")
     _add_spec_options(d)
 
 
-def cmd_doctor(args) -> int:
-    from eaglet.doctor.config import DoctorConfig
-    from eaglet.doctor.run import run_doctor
+def _internal_error(exc: BaseException) -> int:
+    """A bug, not a user error: one sentence on screen, the traceback in a log file (or on screen if none)."""
+    import time
+    import traceback
 
-    device, dtype = _device_dtype(args)
-    cfg = DoctorConfig(target=args.target, draft=args.draft, prompts=args.prompts, num_prompts=args.num_prompts,
-                       max_new_tokens=args.max_new_tokens, features=args.features, tp=args.tp,
-                       num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                       max_context=args.max_context, device=device, dtype=dtype)
-    report = run_doctor(cfg)
-    print(report.format())
-    if args.json:
-        report.write_json(args.json)
-    return 0 if report.ok else 1
+    from eaglet.loading.target import cache_root
 
-
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
-COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
-COMMANDS.update(doctor=cmd_doctor)
+    text = "".join(traceback.format_exception(exc))
+    try:
+        log = cache_root() / "logs" / f"error-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"eaglet {__version__}: {' '.join(sys.argv)}\n{text}")
+        where = f"the traceback is in {log}"
+    except OSError:
+        print(text, file=sys.stderr, end="")
+        where = "the traceback is above"
+    first = (str(exc).splitlines() or [""])[0][:200]
+    print(f"eaglet: internal error ({type(exc).__name__}: {first}), a bug in eaglet rather than in the input; "
+          f"{where}; please report it", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from eaglet.cli_checks import check
+    from eaglet.commands import COMMANDS
+    from eaglet.interrupt import Interrupted
+
     try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error argparse has already printed
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        check(args)  # every path and every option that goes with another, before a model loads
         return COMMANDS[args.command](args)
+    except Interrupted as e:
+        print(f"eaglet: interrupted: {e}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except EagletError as e:
         print(f"eaglet: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("eaglet: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001  (every other exception is a bug; it still gets a clear sentence)
+        return _internal_error(e)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def test_point_0_has_no_layer_id(convention):
 def test_out_of_range_after_conversion(convention):
     with pytest.raises(EagletError) as e:
         CaptureSpec.from_ids([30], convention, 30)  # "output of layer 30" does not exist in 30 layers
-    assert "31" in _one_line(e)
+    msg = _one_line(e)
+    assert "[30] are outside 0..29" in msg and "31" not in msg  # named as typed, not as converted
     # A negative id must not silently become point 0 (the embedding output): -1 is not "the last layer".
     with pytest.raises(EagletError) as e:
         CaptureSpec.from_ids([1, -1], convention, 30)
@@ -119,3 +120,4 @@ def test_from_json_other_convention_and_errors():
     assert "points" in _one_line(e)
     with pytest.raises(EagletError):
         CaptureSpec.from_json({"points": [2], "num_layers": 30, "convention": "nope"})
+

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from eaglet import __version__
 from eaglet.cli import main
+from eaglet.errors import EXIT_INTERNAL
 from tests.bench.conftest import chat_tokenizer
 from tests.conftest import make_hf_model
 
@@ -57,3 +59,68 @@ def test_generate_json_last_line(capsys, model_dir):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"text", "completion_tokens", "tokens_per_s"} <= set(out)
     assert 0 < out["completion_tokens"] <= 5
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from ((f"{name} {n}", s) for n, s in _subparsers(sub))
+
+
+def test_help_documents_every_option_with_its_default(capsys):
+    import argparse
+
+    from eaglet.cli import build_parser
+
+    parser = build_parser()
+    for name, sub in _subparsers(parser):
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue  # its commands carry the help
+            assert action.help, f"eaglet {name} {action.option_strings or action.dest} has no help"
+        text = sub.format_help()
+        if name == "train":
+            assert "--lr LR" in text and "(default: 0.0005)" in text and "(default: 0)" in text  # falsy too
+    top = parser.format_help()
+    assert "examples:" in top and "eaglet train --regenerate" in top and "exit status" in top
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"eaglet {__version__}"
+
+
+def test_tree_and_sampling_top_k_have_distinct_names_and_old_aliases():
+    from eaglet.cli import build_parser
+
+    parser = build_parser()
+    base = ["generate", "--prompt", "hi"]
+    for flags in (["--tree-topk", "4", "--sample-top-k", "7"], ["--topk", "4", "--top-k", "7"]):
+        args = parser.parse_args([*base, *flags])
+        assert (args.topk, args.top_k) == (4, 7)
+    assert "not sampling's --sample-top-k" in parser._subparsers._group_actions[0].choices["generate"].format_help()
+
+
+def test_an_internal_error_is_one_sentence_and_the_traceback_goes_to_a_log(capsys, monkeypatch, tmp_path):
+    import eaglet.commands as commands
+
+    def broken(_args):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
+    monkeypatch.setitem(commands.COMMANDS, "generate", broken)
+    assert main(["generate", "--prompt", "hi", "--draft", "none", "--device", "cpu"]) == EXIT_INTERNAL
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("eaglet: internal error (ZeroDivisionError: division by zero)") and "report" in line
+    [log] = (tmp_path / "logs").glob("error-*.log")
+    assert str(log) in line and "Traceback" in log.read_text() and "broken" in log.read_text()
+
+
+def test_an_answer_cut_by_max_context_says_so(capsys, model_dir):
+    assert main(["generate", "--target", str(model_dir), "--prompt", "the quick", "--draft", "none",
+                 "--max-context", "24", "--max-new-tokens", "100", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert out["finish_reason"] == "length" and out["prompt_tokens"] + out["completion_tokens"] <= 24
+    assert "filled the 24-token context; raise --max-context" in captured.err

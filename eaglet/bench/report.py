@@ -9,6 +9,7 @@ from pathlib import Path
 
 from eaglet.bench.methods import Run
 from eaglet.bench.prompts import BenchPrompt
+from eaglet.outputs import atomic_file, write_atomic
 
 
 def acceptance_by_position(accept_lengths: list[int]) -> list[float]:
@@ -100,9 +101,7 @@ def _subset_summary(runs: list[Run]) -> dict:
 
 
 def write_json(report: dict, out: Path) -> Path:
-    path = out / "report.json"
-    path.write_text(json.dumps(report, indent=1))
-    return path
+    return write_atomic(out / "report.json", json.dumps(report, indent=1))
 
 
 def write_png(report: dict, out: Path) -> Path:
@@ -144,7 +143,8 @@ def write_png(report: dict, out: Path) -> Path:
     fig.suptitle(f"{cfg['target']}  draft: {cfg.get('draft') or 'none'}  temperature {cfg['temperature']}")
     fig.tight_layout()
     path = out / "report.png"
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from eaglet.data.template import Tokenized
 from eaglet.errors import EagletError
+from eaglet.outputs import atomic_file
 
 
 @dataclass
@@ -63,10 +64,9 @@ class TokenData:
         return h.hexdigest()[:16]
 
     def save(self, path: Path, meta: dict) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({"ids": self.ids, "mask": self.mask.to(torch.uint8), "offsets": self.offsets}, str(tmp),
-                  metadata={"eaglet": json.dumps(meta)})
-        tmp.replace(path)
+        with atomic_file(path) as tmp:
+            save_file({"ids": self.ids, "mask": self.mask.to(torch.uint8), "offsets": self.offsets}, str(tmp),
+                      metadata={"eaglet": json.dumps(meta)})
 
     @classmethod
     def load(cls, path: Path) -> tuple[TokenData, dict]:

@@ -28,7 +28,10 @@ from eaglet.capture import CaptureSpec
 from eaglet.data.dataset import TokenData, length_batches, pad_right
 from eaglet.draft.compat import mismatches, target_identity
 from eaglet.errors import EagletError
+from eaglet.interrupt import Interrupted, stop_on_signal
+from eaglet.loading.hf import check_safetensors
 from eaglet.loading.target import Target
+from eaglet.outputs import atomic_file, write_atomic
 
 FORMAT = "eaglet-features/1"
 
@@ -56,30 +59,62 @@ def capture_features(target: Target, data: TokenData, out: Path, capture: Captur
     mpath = out / "manifest.json"
     if mpath.is_file() and not _same_run(json.loads(mpath.read_text()), manifest):
         raise EagletError(f"{out} holds features of other data, target or capture; pick another --out")
-    mpath.write_text(json.dumps(manifest, indent=1))
+    write_atomic(mpath, json.dumps(manifest, indent=1))
     model = target.model
-    device = model.embed.weight.device
     n_shards = -(-len(data) // shard_samples)
     todo = [s for s in range(n_shards) if not (out / f"shard-{s:05d}.safetensors").is_file()]
-    for s in tqdm(todo, desc="capture", unit="shard", disable=not progress, dynamic_ncols=True):
-        idx = list(range(s * shard_samples, min((s + 1) * shard_samples, len(data))))
-        aux_of: dict[int, torch.Tensor] = {}
-        hid_of: dict[int, torch.Tensor] = {}
-        for group in length_batches([len(data.get(i)[0]) for i in idx], batch_tokens, seed=0):
-            rows = [idx[g] for g in group]
-            ids = pad_right([data.get(i)[0].long() for i in rows]).to(device)  # [B, T]
-            h, aux = model(ids, capture=capture.points)  # [B, T, H], [B, T, k*H]
-            for r, i in enumerate(rows):
-                n = len(data.get(i)[0])
-                aux_of[i], hid_of[i] = aux[r, :n].to("cpu", dtype), h[r, :n].to("cpu", dtype)
-        a, b = int(data.offsets[idx[0]]), int(data.offsets[idx[-1] + 1])
-        tensors = {"ids": data.ids[a:b].clone(), "mask": data.mask[a:b].to(torch.uint8),
-                   "offsets": data.offsets[idx[0]: idx[-1] + 2] - a,
-                   "aux": torch.cat([aux_of[i] for i in idx]), "hidden": torch.cat([hid_of[i] for i in idx])}
-        tmp = out / f".shard-{s:05d}.tmp"
-        save_file(tensors, str(tmp), metadata={"eaglet": json.dumps(manifest)})
-        tmp.replace(out / f"shard-{s:05d}.safetensors")
+    with stop_on_signal("shard") as stop:
+        for done, s in enumerate(tqdm(todo, desc="capture", unit="shard", disable=not progress, dynamic_ncols=True)):
+            if stop:
+                raise Interrupted(f"{n_shards - len(todo) + done} of {n_shards} feature shards are in {out}; "
+                                  "run the same command again to capture the rest")
+            _capture_shard(model, data, out, capture, manifest, s, shard_samples, batch_tokens, dtype)
     return len(todo)
+
+
+def _capture_shard(model, data: TokenData, out: Path, capture: CaptureSpec, manifest: dict, s: int,
+                   shard_samples: int, batch_tokens: int, dtype: torch.dtype) -> None:
+    """Shard ``s``: its conversations through the target, written to a temporary name and renamed."""
+    device = model.embed.weight.device
+    idx = list(range(s * shard_samples, min((s + 1) * shard_samples, len(data))))
+    aux_of: dict[int, torch.Tensor] = {}
+    hid_of: dict[int, torch.Tensor] = {}
+    for group in length_batches([len(data.get(i)[0]) for i in idx], batch_tokens, seed=0):
+        rows = [idx[g] for g in group]
+        ids = pad_right([data.get(i)[0].long() for i in rows]).to(device)  # [B, T]
+        h, aux = model(ids, capture=capture.points)  # [B, T, H], [B, T, k*H]
+        for r, i in enumerate(rows):
+            n = len(data.get(i)[0])
+            aux_of[i], hid_of[i] = aux[r, :n].to("cpu", dtype), h[r, :n].to("cpu", dtype)
+    a, b = int(data.offsets[idx[0]]), int(data.offsets[idx[-1] + 1])
+    tensors = {"ids": data.ids[a:b].clone(), "mask": data.mask[a:b].to(torch.uint8),
+               "offsets": data.offsets[idx[0]: idx[-1] + 2] - a,
+               "aux": torch.cat([aux_of[i] for i in idx]), "hidden": torch.cat([hid_of[i] for i in idx])}
+    with atomic_file(out / f"shard-{s:05d}.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"eaglet": json.dumps(manifest)})
+
+
+def check_feature_dir(path: Path) -> tuple[dict, list[Path]]:
+    """(manifest, shard files) of a complete feature directory, read without loading features;
+    a missing, unfinished or truncated one is refused in one sentence."""
+    mpath = path / "manifest.json"
+    if not mpath.is_file():
+        raise EagletError(f"{path} is not a feature directory (no manifest.json); run `eaglet data capture`")
+    try:
+        manifest = json.loads(mpath.read_text())
+        n, per = manifest["num_samples"], manifest["shard_samples"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EagletError(f"cannot read {mpath} ({e!r})") from None
+    if manifest.get("format") != FORMAT:
+        raise EagletError(f"{path} holds features in format {manifest.get('format')!r}, not {FORMAT}")
+    files = [path / f"shard-{s:05d}.safetensors" for s in range(-(-n // per))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise EagletError(f"{path} lacks {len(missing)} shards (first {missing[0]}); "
+                          "finish it with `eaglet data capture` (it resumes)")
+    for f in files:
+        check_safetensors(f)
+    return manifest, files
 
 
 class FeatureSet:
@@ -88,17 +123,7 @@ class FeatureSet:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         mpath = self.path / "manifest.json"
-        if not mpath.is_file():
-            raise EagletError(f"{self.path} is not a feature directory (no manifest.json); run `eaglet data capture`")
-        self.manifest = json.loads(mpath.read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise EagletError(f"{self.path} holds features in format {self.manifest.get('format')!r}, not {FORMAT}")
-        n, per = self.manifest["num_samples"], self.manifest["shard_samples"]
-        self._files = [self.path / f"shard-{s:05d}.safetensors" for s in range(-(-n // per))]
-        missing = [f.name for f in self._files if not f.is_file()]
-        if missing:
-            raise EagletError(f"{self.path} lacks {len(missing)} shards (first {missing[0]}); "
-                              "finish it with `eaglet data capture` (it resumes)")
+        self.manifest, self._files = check_feature_dir(self.path)
         self._handles: dict[int, object] = {}
         self._where: list[tuple[int, int, int]] = []  # per sample: (shard, start, end)
         ids, masks = [], []

@@ -7,8 +7,12 @@ decoded with ``PlainGenerator``; the batches run in a seeded random order, so a 
 short by a time budget still holds a uniform sample of the data.
 
 Resumable: each finished batch is appended to the output JSONL with one write (one line
-per record) and flushed; a restart skips ids already in any of the output files and
-drops a partial last line left by a crash.
+per record) and flushed. The generation settings are recorded beside it in
+``OUT.meta.json``; a rerun with the same settings skips the ids already answered in any of
+the output files, and one with other settings is refused (answers of two settings never
+mix in one file). A crash can leave only a last line without its newline: it is kept when
+it is a whole JSON record and dropped when it is not. Ctrl-C or SIGTERM stops after the
+batch in progress (see ``eaglet.interrupt``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from eaglet.chat import encode_chat
 from eaglet.data.prompts import Conversation, note, parse_record
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
+from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
+from eaglet.outputs import write_atomic
 from eaglet.sampling import SamplingParams
 
 CAPACITY_STEP = 256  # KV capacities are rounded up to this, so few generators (and CUDA graphs) exist
@@ -43,8 +49,51 @@ class RegenStats:
     seconds: float = 0.0
 
 
+def regen_settings(target: str, params: SamplingParams) -> dict:
+    """What makes the answers of two runs interchangeable: the target and the sampling settings."""
+    path = Path(target).expanduser()
+    return {"target": str(path.resolve()) if path.exists() else target, "max_new_tokens": params.max_new_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "seed": None if params.greedy else params.seed}  # greedy answers do not depend on the seed
+
+
+def meta_path(out: Path) -> Path:
+    return out.with_name(out.name + ".meta.json")
+
+
+def claim_output(out: Path, settings: dict, restart: bool = False,
+                 fix: str = "pass another --out, or --restart to start over") -> None:
+    """Make ``out`` this run's output: new, or an earlier run's with the same ``settings`` (which resumes).
+
+    A file that no regeneration wrote (no sidecar) is never appended to; ``restart`` discards
+    ``out`` and its sidecar first.
+    """
+    meta = meta_path(out)
+    if restart:
+        out.unlink(missing_ok=True)
+        meta.unlink(missing_ok=True)
+    recorded = None
+    if meta.is_file():
+        try:
+            recorded = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+    if out.is_file() and out.stat().st_size > 0:  # settings matter only once there are answers
+        if recorded is None:
+            raise EagletError(f"{out} exists but `eaglet data regenerate` did not write it (no {meta.name}); {fix}")
+        if recorded != settings:
+            diff = "; ".join(f"{k} {recorded.get(k)!r} then, {settings.get(k)!r} now" for k in settings
+                             if recorded.get(k) != settings.get(k))
+            raise EagletError(f"{out} holds answers generated with other settings ({diff}); rerun with those, "
+                              f"or {fix}")
+    if recorded != settings:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(meta, json.dumps(settings, indent=1))
+
+
 def finished_ids(paths: list[Path]) -> set[str]:
-    """Ids already regenerated, repairing a partial last line (crash mid-write) in each file."""
+    """Ids already answered in ``paths``. A last line without its newline (a crash mid-write) is
+    completed when it is a whole JSON record and dropped when it is not."""
     done: set[str] = set()
     for p in paths:
         if not p.is_file():
@@ -52,23 +101,43 @@ def finished_ids(paths: list[Path]) -> set[str]:
         data = p.read_bytes()
         cut = data.rfind(b"\n") + 1
         if cut < len(data):
+            try:
+                json.loads(data[cut:])
+                whole = True
+            except ValueError:
+                whole = False
             with open(p, "r+b") as fh:
-                fh.truncate(cut)
-            note(f"dropped a partial last line of {p} (an interrupted write)")
+                if whole:
+                    fh.seek(0, 2)
+                    fh.write(b"\n")
+                else:
+                    fh.truncate(cut)
+            if not whole:
+                note(f"dropped a partial last line of {p} (an interrupted write)")
+            cut = len(data) if whole else cut
         for line in data[:cut].decode("utf-8").splitlines():
             try:
-                done.add(parse_record(json.loads(line)).id)
+                conv = parse_record(json.loads(line))
             except (ValueError, TypeError, AttributeError):
                 continue
+            if conv.messages[-1]["role"] == "assistant":  # a prompt without its answer is not done
+                done.add(conv.id)
     return done
 
 
 def regenerate(target: Target, prompts: list[Conversation], out: Path, params: SamplingParams,
                batch_size: int = 256, max_prompt_tokens: int = 1024, seed: int = 0,
-               deadline: float | None = None, also_done: list[Path] = (), progress: bool = True) -> RegenStats:
-    """Answer every prompt not yet in ``out`` (or ``also_done``) and append the records to ``out``."""
+               deadline: float | None = None, also_done: list[Path] = (), progress: bool = True,
+               claim_fix: str = "pass another --out, or --restart to start over") -> RegenStats:
+    """Answer every prompt not yet in ``out`` (or ``also_done``) and append the records to ``out``.
+
+    ``out`` must be new or an earlier run's with the same settings (``claim_output``).
+    """
+    if batch_size < 1:
+        raise EagletError(f"the batch size must be >= 1, got {batch_size}")
     start = time.perf_counter()
     stats = RegenStats()
+    claim_output(out, regen_settings(target.name, params), fix=claim_fix)
     done = finished_ids([out, *also_done])
     todo = [c for c in prompts if c.id not in done]
     stats.done_before = len(prompts) - len(todo)
@@ -86,10 +155,13 @@ def regenerate(target: Target, prompts: list[Conversation], out: Path, params: S
     random.Random(seed).shuffle(batches)
     window = target.config.max_position_embeddings
     generators: dict[int, PlainGenerator] = {}
-    out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(encoded), desc="regenerate", unit="prompt", disable=not progress, dynamic_ncols=True)
-    with open(out, "a", encoding="utf-8") as fh:
+    with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
         for batch in batches:
+            if stop:
+                bar.close()
+                raise Interrupted(f"{stats.written} answers were added to {out} this run and every finished "
+                                  "batch is kept; run the same command again to resume")
             if deadline is not None and time.time() >= deadline:
                 stats.stopped_early = True
                 break

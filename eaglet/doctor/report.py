@@ -14,6 +14,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eaglet.outputs import write_atomic
+
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 WIDTH = 120  # problems are wrapped to this; tables stay narrower
 _RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
@@ -81,4 +83,4 @@ class Report:
                 "checks": [c.to_json() for c in self.checks]}
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        write_atomic(path, json.dumps(self.to_json(), indent=1))

@@ -14,9 +14,6 @@ blocks are present they must agree.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -26,6 +23,8 @@ from safetensors.torch import save_file
 from eaglet.capture import CaptureSpec
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.errors import EagletError
+from eaglet.loading.hf import check_safetensors
+from eaglet.outputs import atomic_dir, is_empty_dir
 
 MAX_SHARD_BYTES = 16 * 1024 * 1024
 ARCH = "LlamaForCausalLMEagle3"
@@ -59,13 +58,18 @@ def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
 
 def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
                dtype: torch.dtype = torch.bfloat16, extra: dict | None = None,
-               max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+               max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False) -> None:
     """Write the draft atomically: a temp directory renamed over ``path``.
 
+    An existing ``path`` is replaced only when it is a draft already (a re-export) or
+    ``overwrite`` says so: a folder eaglet did not write is never removed unasked.
     Shards hold at most ``max_shard_bytes`` (16 MiB by default, so a small target's draft
     travels through size-limited channels); a large target's draft needs a larger limit.
     """
     path = Path(path)
+    if not (overwrite or not path.exists() or is_empty_dir(path) or is_draft_dir(path)):
+        raise EagletError(f"{path} exists and is not a draft; choose another output directory, "
+                          "or pass --overwrite to replace it")
     tensors = {k: v.detach().to("cpu") for k, v in draft.state_dict().items()}
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -83,9 +87,7 @@ def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
     cfg = draft_config_json(draft.config, target)
     if extra:
         cfg["eaglet"].update(extra)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         weight_map = {}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -93,11 +95,15 @@ def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
             weight_map.update({k: fname for k in shard})
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        if path.exists():
-            shutil.rmtree(path)
-        os.rename(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_draft_dir(path: Path) -> bool:
+    """A directory whose config.json names an EAGLE-3 draft (ours or another tool's)."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and ARCH in (cfg.get("architectures") or [])
 
 
 def read_capture(cfg: dict, num_layers: int, ids: list[int] | None = None,
@@ -129,13 +135,7 @@ def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "
                convention: str | None = None) -> tuple[Eagle3Draft, dict]:
     """(draft, its config.json) for a target with ``num_layers`` layers."""
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise EagletError(f"{path} is not a draft directory (no config.json)")
-    cfg = json.loads((path / "config.json").read_text())
-    if ARCH not in (cfg.get("architectures") or []):
-        raise EagletError(f"{path} is not an EAGLE-3 draft (architectures: {cfg.get('architectures')})")
-    if int(cfg.get("num_hidden_layers", 1)) != 1:
-        raise EagletError(f"eaglet runs one-layer EAGLE-3 drafts; {path} has {cfg['num_hidden_layers']} layers")
+    cfg = check_draft_dir(path)
     capture = read_capture(cfg, num_layers, ids, convention)
     heads = int(cfg["num_attention_heads"])
     c = DraftConfig(
@@ -165,14 +165,41 @@ def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "
     return draft.to(dtype=dtype).eval(), cfg
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def check_draft_dir(path: Path) -> dict:
+    """The config.json of a complete one-layer EAGLE-3 draft directory, read without loading weights;
+    a missing, foreign or truncated draft is refused in one sentence."""
+    if not (path / "config.json").is_file():
+        raise EagletError(f"{path} is not a draft directory (no config.json)")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise EagletError(f"cannot read {path / 'config.json'} ({e})") from None
+    if not isinstance(cfg, dict):
+        raise EagletError(f"{path / 'config.json'} is not a JSON object")
+    if not is_draft_dir(path):
+        raise EagletError(f"{path} is not an EAGLE-3 draft (architectures: {cfg.get('architectures')})")
+    if int(cfg.get("num_hidden_layers", 1)) != 1:
+        raise EagletError(f"eaglet runs one-layer EAGLE-3 drafts; {path} has {cfg['num_hidden_layers']} layers")
+    for f in _weight_files(path):
+        check_safetensors(path / f)
+    return cfg
+
+
+def _weight_files(path: Path) -> list[str]:
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-        else [f.name for f in path.glob("*.safetensors")]
+    try:
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+            else [f.name for f in path.glob("*.safetensors")]
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise EagletError(f"cannot read {index} ({e!r})") from None
     if not files:
         raise EagletError(f"{path} holds no safetensors weights")
+    return files
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     out = {}
-    for f in files:
+    for f in _weight_files(path):
         with safe_open(str(path / f), framework="pt") as h:
             for k in h.keys():
                 out[k] = h.get_tensor(k)

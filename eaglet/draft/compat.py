@@ -56,13 +56,14 @@ def load_draft_for(path: str | Path, target: Target, device: str | torch.device 
 
 
 def import_draft(src: str | Path, out: str | Path, target: Target, ids: list[int] | None = None,
-                 convention: str | None = None) -> CaptureSpec:
+                 convention: str | None = None, overwrite: bool = False) -> CaptureSpec:
     """Re-write a foreign EAGLE-3 draft (SGLang/SpecForge/vLLM layout) as an eaglet draft for ``target``.
 
     Capture ids come from ``ids`` in their ``convention`` or from the draft's own config;
-    a draft with neither is refused by ``read_capture``.
+    a draft with neither is refused by ``read_capture``. ``out`` is replaced atomically, and
+    only when it is empty, a draft, or ``overwrite`` is set.
     """
     draft, cfg = load_draft_for(src, target, ids=ids, convention=convention)
     save_draft(draft, out, target=target_identity(target),
-               extra={"imported_from": {"path": str(src), "convention": convention or "config"}})
+               extra={"imported_from": {"path": str(src), "convention": convention or "config"}}, overwrite=overwrite)
     return draft.config.capture

@@ -58,7 +58,7 @@ def open_tensors(path: Path) -> dict[str, SafetensorsSource]:
         raise EagletError(f"{path} has no model.safetensors or model.safetensors.index.json")
     out: dict[str, SafetensorsSource] = {}
     for f in files:
-        _check_complete(path / f)
+        check_safetensors(path / f)
         try:
             handle = safe_open(str(path / f), framework="pt")
         except (OSError, SafetensorError) as e:
@@ -68,7 +68,7 @@ def open_tensors(path: Path) -> dict[str, SafetensorsSource]:
     return out
 
 
-def _check_complete(file: Path) -> None:
+def check_safetensors(file: Path) -> None:
     """Refuse a truncated file up front (a lazy reader would fail mid-load otherwise)."""
     if not file.is_file():
         raise EagletError(f"{file} is missing")

@@ -12,7 +12,9 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +77,11 @@ def _convert_gguf(gguf: Path) -> Path:
 
     from eaglet.loading.gguf_file import read_gguf
 
+    t0 = time.perf_counter()
+    _note(f"first use of {gguf.name} ({st.st_size / 2**20:.0f} MiB): converting it once into a float32 "
+          f"safetensors copy in {out} (set EAGLET_CACHE to keep the cache elsewhere)")
     config, tensors = read_gguf(gguf)
+    _note(f"writing {sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20:.0f} MiB to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
@@ -89,21 +95,31 @@ def _convert_gguf(gguf: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _note(f"converted {gguf.name} in {time.perf_counter() - t0:.0f} s; later runs load {out} directly")
     return out
 
 
-def resolve_target_dir(spec: str) -> Path:
-    """The HF directory for a target name, directory or GGUF file."""
+def _note(msg: str) -> None:
+    print(f"eaglet: {msg}", file=sys.stderr, flush=True)
+
+
+def locate_target(spec: str) -> Path:
+    """The GGUF file or HF directory a --target names, checked without loading or converting anything."""
     if spec in _EMBEDDED:
-        return _convert_gguf(_embedded_gguf(spec))
+        return _embedded_gguf(spec)
     path = Path(spec).expanduser()
     if not path.exists():
         raise EagletError(f"target '{spec}' is neither a known model ({', '.join(_EMBEDDED)}) nor an existing path")
     if path.is_file():
         if path.suffix != ".gguf":
             raise EagletError(f"{path} is a file but not a .gguf; pass a GGUF file or an HF model directory")
-        return _convert_gguf(path)
     return path
+
+
+def resolve_target_dir(spec: str) -> Path:
+    """The HF directory for a target name, directory or GGUF file."""
+    path = locate_target(spec)
+    return _convert_gguf(path) if path.is_file() else path
 
 
 def load_tokenizer(path: Path):

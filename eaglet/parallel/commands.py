@@ -112,6 +112,12 @@ def generate_rank(tp: TPGroup, args, device: str, dtype: torch.dtype) -> dict:
         sys.stdout.flush()
         for msg in held:
             print(f"eaglet: {msg}", file=sys.stderr)
+        if done.finish_reason == "length" and len(done.tokens) < args.max_new_tokens:
+            from eaglet.generate import context_size
+
+            print(f"eaglet: the answer stopped after {len(done.tokens)} of --max-new-tokens {args.max_new_tokens} "
+                  f"tokens: prompt and answer filled the {context_size(target, args.max_context)}-token context; "
+                  "raise --max-context for a longer answer", file=sys.stderr)
     accept = done.accept_lengths
     return {
         "text": target.tokenizer.decode(done.tokens, skip_special_tokens=True),

@@ -73,6 +73,13 @@ def capped(convs: list[Conversation], n: int | None, seed: int) -> list[Conversa
     return random.Random(seed).sample(convs, n)
 
 
+def sampled_prompts(convs: list[Conversation], rc: RegenConfig) -> list[Conversation]:
+    """``data regenerate``'s prompts: validation records capped at max_val_samples, the rest at max_samples."""
+    val = [c for c in convs if c.split == "val"]
+    return capped(val, rc.max_val_samples, rc.seed) + capped([c for c in convs if c.split != "val"],
+                                                            rc.max_samples, rc.seed)
+
+
 def regenerate_run(target: Target, data: str, out: Path, rc: RegenConfig, dist: DistInfo,
                    deadline: float | None, val_fraction: float, progress: bool = True) -> str:
     """Regenerate answers for ``data``'s prompts into ``out``; returns the comma-joined output files."""
@@ -86,7 +93,7 @@ def regenerate_run(target: Target, data: str, out: Path, rc: RegenConfig, dist: 
                    for c in capped(convs, cap, rc.seed)]
         stats = regenerate(target, prompts[dist.rank:: dist.world], out / name, rc.params(), rc.batch_size,
                            rc.max_prompt_tokens, seed=rc.seed, deadline=deadline, also_done=others,
-                           progress=progress and dist.main)
+                           progress=progress and dist.main, claim_fix="pass another --out")
         if dist.main:
             note(f"regenerated {stats.written} {split} answers ({stats.tokens} tokens) in {stats.seconds:.0f} s; "
                  f"{stats.done_before} were done before" + ("; stopped by the time budget" * stats.stopped_early))
@@ -135,7 +142,7 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
             regen_budget_s = time_budget_s / 2
         regen_deadline = start + regen_budget_s if regen_budget_s else None
         data = regenerate_run(target, data, out, regen, dist, regen_deadline, val_fraction, cfg.progress)
-    elif data == BUILTIN:
+    elif data == BUILTIN:  # the CLI refuses this before loading; here for callers of run_train
         raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
     convs = [c for c in load_conversations(data) if c.has_answer]
     if not convs:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from eaglet.errors import EagletError
+from eaglet.outputs import atomic_file, write_atomic
 from eaglet.train.ttt import predicted_accept_length
 
 
@@ -37,7 +38,7 @@ class RunLog:
         kept = []
         if self.path.is_file():  # drop lines a resumed run will write again
             kept = [ln for ln in self.path.read_text().splitlines() if (_step(ln) or 0) <= start_step]
-        self.path.write_text("".join(ln + "\n" for ln in kept))
+        write_atomic(self.path, "".join(ln + "\n" for ln in kept))  # a crash here keeps the old log
         self.fh = open(self.path, "a", encoding="utf-8")
         self.tb = None
         if tensorboard:
@@ -101,5 +102,6 @@ def plot_accuracy(log_path: Path, png: Path, smooth: int = 50) -> None:
     tau = val[-1]["tau_pred"] if val else train[-1]["tau_pred"]
     ax.set_title(f"EAGLE-3 draft: acc_j per draft step (last predicted accept length {tau:.2f})")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    with atomic_file(png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)

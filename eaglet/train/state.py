@@ -10,13 +10,13 @@ beside the old one and swapped in, so an interrupt never leaves a torn checkpoin
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from eaglet.errors import EagletError
+from eaglet.outputs import atomic_dir
 
 
 def save_state(path: Path, draft: torch.nn.Module, optimizer: torch.optim.Optimizer, info: dict) -> None:
@@ -29,17 +29,9 @@ def save_state(path: Path, draft: torch.nn.Module, optimizer: torch.optim.Optimi
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     meta = {**info, "param_groups": opt["param_groups"]}
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "state.safetensors"))
-    (tmp / "state.json").write_text(json.dumps(meta, indent=1))
-    old = path.with_name(f".{path.name}.old")
-    if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        path.rename(old)
-    tmp.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_dir(path) as tmp:
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
 
 
 def read_info(path: Path) -> dict | None:

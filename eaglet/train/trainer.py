@@ -30,6 +30,7 @@ from eaglet.draft.compat import target_identity
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab, token_counts
 from eaglet.errors import EagletError
+from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
 from eaglet.train.inputs import Featurizer, StepInputs, no_cudnn_attention
@@ -195,41 +196,45 @@ class Trainer:
                    disable=not (cfg.progress and d.main), dynamic_ncols=True)
         tokens, val_row, val_seconds = 0, None, 0.0
         stopped_by_clock = False
-        while self.step < self.total and self.epoch < cfg.epochs:
-            batches = self._epoch_batches(self.epoch)
-            while self.batch_pos < len(batches) and self.step < self.total:
-                now = time.time()
-                reserve = 5 + self._val_estimate(val_seconds, tokens, now - start)
-                if any_rank(self.deadline is not None and now + reserve >= self.deadline, d):
-                    stopped_by_clock = True
+        with stop_on_signal("training step") as stop:
+            while self.step < self.total and self.epoch < cfg.epochs:
+                batches = self._epoch_batches(self.epoch)
+                while self.batch_pos < len(batches) and self.step < self.total:
+                    if any_rank(bool(stop), d):
+                        self._interrupted(log, bar)
+                    now = time.time()
+                    reserve = 5 + self._val_estimate(val_seconds, tokens, now - start)
+                    if any_rank(self.deadline is not None and now + reserve >= self.deadline, d):
+                        stopped_by_clock = True
+                        break
+                    t0 = time.perf_counter()
+                    inp = self.train_feats(batches[self.batch_pos])
+                    lr = lr_at(cfg, self.step, self.total, (now - start) / span if span else 0.0)
+                    for g in self.opt.param_groups:
+                        g["lr"] = lr
+                    loss, stats = self._forward(inp, self.model)
+                    self.opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
+                    self.opt.step()
+                    self.step += 1
+                    self.batch_pos += 1
+                    tokens += inp.num_tokens
+                    row = summarize(all_sum(stats.detach(), d), cfg.decay)
+                    if d.main:
+                        row.update(step=self.step, split="train", epoch=self.epoch, lr=lr, grad_norm=float(gnorm),
+                                   tokens=inp.num_tokens, seconds=round(time.perf_counter() - t0, 4))
+                        log.write(row)
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}",
+                                        tau=f"{row['tau_pred']:.2f}")
+                    if self.val_src is not None and self.step % cfg.val_every == 0:
+                        val_row, val_seconds = self._validate(log)
+                    if self.step % cfg.save_every == 0:
+                        self._save(log)
+                if stopped_by_clock or self.step >= self.total:
                     break
-                t0 = time.perf_counter()
-                inp = self.train_feats(batches[self.batch_pos])
-                lr = lr_at(cfg, self.step, self.total, (now - start) / span if span else 0.0)
-                for g in self.opt.param_groups:
-                    g["lr"] = lr
-                loss, stats = self._forward(inp, self.model)
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
-                self.opt.step()
-                self.step += 1
-                self.batch_pos += 1
-                tokens += inp.num_tokens
-                row = summarize(all_sum(stats.detach(), d), cfg.decay)
-                if d.main:
-                    row.update(step=self.step, split="train", epoch=self.epoch, lr=lr, grad_norm=float(gnorm),
-                               tokens=inp.num_tokens, seconds=round(time.perf_counter() - t0, 4))
-                    log.write(row)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}", tau=f"{row['tau_pred']:.2f}")
-                if self.val_src is not None and self.step % cfg.val_every == 0:
-                    val_row, val_seconds = self._validate(log)
-                if self.step % cfg.save_every == 0:
-                    self._save(log)
-            if stopped_by_clock or self.step >= self.total:
-                break
-            self.epoch, self.batch_pos = self.epoch + 1, 0
+                self.epoch, self.batch_pos = self.epoch + 1, 0
         bar.close()
         if self.val_src is not None and (val_row is None or val_row["step"] != self.step):
             val_row, _ = self._validate(log)
@@ -249,6 +254,15 @@ class Trainer:
                        max_shard_bytes=max(MAX_SHARD_BYTES, 4 << 30 if largest > MAX_SHARD_BYTES else 0))
             log.close()
         return result
+
+    def _interrupted(self, log: RunLog | None, bar: tqdm) -> None:
+        """A signal asked to stop (eaglet.interrupt): checkpoint this step and say how to resume."""
+        bar.close()
+        self._save(log)
+        if log is not None:
+            log.close()
+        raise Interrupted(f"training stopped at step {self.step} of {self.total}; {self.out / 'checkpoint'} holds "
+                          "it: run the same command again to resume from there")
 
     def _val_estimate(self, measured: float, tokens: int, seconds: float) -> float:
         """Seconds the final validation will take: measured, else guessed from training throughput."""

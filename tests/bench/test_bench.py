@@ -58,7 +58,7 @@ def test_bench_plain_and_hf_only(chat_model_dir, prompts_file, tmp_path):
 
 def test_bench_spec_without_draft_is_an_error(chat_model_dir, prompts_file, tmp_path, capsys):
     rc = main(["bench", "--target", str(chat_model_dir), "--prompts", str(prompts_file), "--methods", "spec",
-               "--out", str(tmp_path)])
+               "--out", str(tmp_path / "bench")])
     assert rc == 2 and "no draft ships" in capsys.readouterr().err
 
 
@@ -101,7 +101,7 @@ def test_generate_default_draft_missing_falls_back(chat_model_dir, capsys):
 def test_generate_partial_tree_flags(chat_model_dir, draft_dir, capsys):
     rc = main(["generate", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompt", "hi",
                "--num-steps", "4"])
-    assert rc == 2 and "missing: --topk, --num-draft-tokens" in capsys.readouterr().err
+    assert rc == 2 and "missing --tree-topk, --num-draft-tokens" in capsys.readouterr().err
 
 
 def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tmp_path, monkeypatch, capsys):

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from eaglet.chat import encode_chat
+from eaglet.cli import main
 from eaglet.data.prompts import read_jsonl
-from eaglet.data.regenerate import regenerate
+from eaglet.data.regenerate import claim_output, meta_path, regen_settings, regenerate
 from eaglet.data.template import tokenize_conversations
+from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.sampling import SamplingParams
-from tests.train.helpers import prompts
+from tests.train.helpers import prompts, write_jsonl
 
 PARAMS = SamplingParams(max_new_tokens=12)
 
@@ -61,3 +65,48 @@ def test_deadline_stops_between_batches_and_too_long_prompts_are_counted(tiny_ta
     assert stats.stopped_early and stats.written == 0
     stats = regenerate(tiny_target, ps, out, PARAMS, batch_size=2, max_prompt_tokens=20, progress=False)
     assert stats.too_long > 0 and stats.written == 6 - stats.too_long
+
+
+def test_a_whole_last_line_without_newline_is_kept_and_a_prompt_alone_is_not_done(tiny_target, tmp_path):
+    ps = prompts(6, seed=4)
+    out = tmp_path / "r.jsonl"
+    regenerate(tiny_target, ps[:3], out, PARAMS, batch_size=4, progress=False)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines))  # the last record lost only its newline
+    with open(out, "a") as fh:  # and a line holding a prompt without its answer
+        fh.write("\n" + json.dumps({"id": ps[3].id, "messages": list(ps[3].messages)}) + "\n")
+    again = regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False)
+    assert again.done_before == 3 and again.written == 3  # ps[3] is answered, not counted as done
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    answered = [r["id"] for r in recs if r["messages"][-1]["role"] == "assistant"]
+    assert sorted(answered) == sorted(p.id for p in ps) and len(set(answered)) == len(answered)
+
+
+def test_other_settings_are_refused_and_restart_starts_over(tiny_target, tmp_path):
+    ps = prompts(3, seed=6)
+    out = tmp_path / "r.jsonl"
+    regenerate(tiny_target, ps, out, PARAMS, progress=False)
+    before = out.read_bytes()
+    with pytest.raises(EagletError, match=r"other settings \(max_new_tokens 12 then, 5 now\)"):
+        regenerate(tiny_target, ps, out, SamplingParams(max_new_tokens=5), progress=False)
+    assert out.read_bytes() == before
+    claim_output(out, regen_settings(tiny_target.name, SamplingParams(max_new_tokens=5)), restart=True)
+    assert not out.exists()
+    assert regenerate(tiny_target, ps, out, SamplingParams(max_new_tokens=5), progress=False).written == 3
+    assert json.loads(meta_path(out).read_text())["max_new_tokens"] == 5
+
+
+def test_cli_caps_validation_prompts_and_restarts_only_when_asked(tiny_target_dir, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages), "split": "val" if i < 4 else "train"}
+                                             for i, p in enumerate(prompts(10, seed=7))])
+    out = tmp_path / "r.jsonl"
+    argv = ["data", "regenerate", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src),
+            "--out", str(out), "--max-samples", "3", "--max-val-samples", "1"]
+    assert main([*argv, "--max-new-tokens", "4"]) == 0
+    splits = [json.loads(line)["split"] for line in out.read_text().splitlines()]
+    assert sorted(splits) == ["train"] * 3 + ["val"]
+    before = out.read_bytes()
+    assert main([*argv, "--max-new-tokens", "5"]) == 2 and out.read_bytes() == before  # other settings
+    assert "--restart" in capsys.readouterr().err
+    assert main([*argv, "--max-new-tokens", "5", "--restart"]) == 0
+    assert json.loads(meta_path(out).read_text())["max_new_tokens"] == 5 and len(out.read_text().splitlines()) == 4

@@ -111,3 +111,32 @@ def test_draft_vocabulary():
     assert select_vocab(counts, 2).tolist() == [3, 5]
     assert select_vocab(counts, 5).tolist() == [0, 1, 3, 5, 9]  # unseen fillers: lowest ids
     assert coverage(counts, torch.tensor([3, 5])) == pytest.approx(5 / 6)
+
+
+def test_save_draft_never_replaces_a_folder_that_is_not_a_draft_unasked(tiny_target, tmp_path):
+    d = _draft(tiny_target)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(EagletError, match="exists and is not a draft"):
+        save_draft(d, mine)
+    assert (mine / "notes.txt").read_text() == "keep me" and not list(tmp_path.glob(".mine-*"))
+    save_draft(d, tmp_path / "a")
+    save_draft(d, tmp_path / "a")  # a re-export replaces the earlier draft
+    save_draft(d, mine, overwrite=True)
+    assert not (mine / "notes.txt").exists() and (mine / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "mine"]  # no temporaries left beside
+
+
+def test_cli_import_replaces_a_non_empty_out_only_with_overwrite(tiny_target_dir, tiny_target, tmp_path, capsys):
+    from eaglet.cli import main
+
+    save_draft(_draft(tiny_target), tmp_path / "src", target=target_identity(tiny_target))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    argv = ["draft", "import", str(tmp_path / "src"), str(out), "--target", str(tiny_target_dir), "--device", "cpu"]
+    assert main(argv) == 2 and (out / "notes.txt").read_text() == "keep me"
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*argv, "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "src").iterdir())

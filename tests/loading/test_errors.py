@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from eaglet.errors import EagletError
 from eaglet.loading.hf import open_tensors, read_config
@@ -177,3 +178,25 @@ def test_not_a_gguf(tmp_path, cache_dir):
     f = tmp_path / "fake.gguf"
     f.write_bytes(b"this is not a gguf file at all" * 40)
     _raises(lambda: load_target(str(f)), "fake.gguf")
+
+
+def test_the_first_conversion_says_what_where_and_how_big(tmp_path, cache_dir, monkeypatch, capsys):
+    import transformers
+
+    import eaglet.loading.gguf_file as gguf_file
+    from eaglet.loading.target import _convert_gguf
+
+    class Tokenizer:
+        def save_pretrained(self, path):
+            pass
+
+    f = tmp_path / "tiny.gguf"
+    f.write_bytes(b"\0" * 3 * 2**20)
+    monkeypatch.setattr(gguf_file, "read_gguf", lambda _p: ({"model_type": "llama"}, {"w": torch.zeros(2**18)}))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Tokenizer())
+    out = _convert_gguf(f)
+    err = capsys.readouterr().err
+    assert f"first use of tiny.gguf (3 MiB): converting it once into a float32 safetensors copy in {out}" in err
+    assert f"writing 1 MiB to {out}" in err and "converted tiny.gguf in" in err
+    assert out.parent == cache_dir and _convert_gguf(f) == out
+    assert capsys.readouterr().err == ""  # later runs say nothing

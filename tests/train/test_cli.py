@@ -40,7 +40,7 @@ def test_user_errors_are_one_line(tiny_target_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("eaglet: error: ") and "no usable conversation" in err[-1]
     assert main(["train", *target, "--data", str(empty), "--out", str(tmp_path / "run"), "--lr", "-1"]) == 2
-    assert "--lr must be > 0" in capsys.readouterr().err
+    assert "argument --lr: expected a number > 0, got '-1'" in capsys.readouterr().err
     assert main(["draft", "import", str(tmp_path), str(tmp_path / "x"), *target]) == 2
     assert "not a draft directory" in capsys.readouterr().err
 

@@ -1,0 +1,186 @@
+"""What each command does at tp=1, from the options cli.py parsed and checked; tp > 1 goes to
+``eaglet/parallel/commands.py``. A command returns its exit status."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from eaglet.errors import EXIT_CHECK_FAILED, EagletError
+
+
+def _tp_job(args, under_torchrun_too: bool = True) -> bool:
+    """Run as N ranks: --tp > 1, or (generate, bench) any torchrun job, whose size must then match --tp."""
+    from eaglet.parallel.launch import under_torchrun
+
+    return args.tp > 1 or (under_torchrun_too and under_torchrun())
+
+
+def _device_dtype(args):
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    return device, getattr(torch, name)
+
+
+def cmd_generate(args) -> int:
+    from eaglet.parallel.commands import generate_rank, generate_tp
+    from eaglet.parallel.state import SINGLE
+    from eaglet.sampling import SamplingParams
+
+    SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)  # fail before loading
+    device, dtype = _device_dtype(args)
+    if _tp_job(args):
+        return generate_tp(args, device, dtype)
+    print(f"eaglet: loading {args.target} on {device} ({str(dtype).removeprefix('torch.')})", file=sys.stderr)
+    result = generate_rank(SINGLE, args, device, dtype)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from eaglet.bench.run import BenchConfig, run_bench
+
+    device, dtype = _device_dtype(args)
+    cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, out=args.out,
+                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                      top_k=args.top_k, seed=args.seed, batch_size=args.batch_size, limit=args.limit,
+                      device=device, dtype=dtype, max_context=args.max_context,
+                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
+                      policy=args.policy == "auto")
+    if _tp_job(args):
+        from eaglet.parallel.commands import bench_tp
+
+        return bench_tp(args, cfg)
+    run_bench(cfg)
+    return 0
+
+
+def _load_for_training(args, device):
+    import torch
+
+    from eaglet.loading import load_target
+
+    name = args.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
+    print(f"eaglet: loading {args.target} on {device} ({name})", file=sys.stderr)
+    return load_target(args.target, dtype=getattr(torch, name), device=device)
+
+
+def _split(args) -> str | None:
+    return None if args.split == "all" else args.split
+
+
+def _regen_config(args):
+    from eaglet.train.pipeline import RegenConfig
+
+    return RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
+                       args.max_prompt_tokens, args.max_samples, args.max_val_samples, args.seed)
+
+
+def cmd_data(args) -> int:
+    import time
+    from pathlib import Path
+
+    from eaglet.train.dist import init_distributed
+
+    if args.data_command == "capture" and _tp_job(args, under_torchrun_too=False):
+        from eaglet.parallel.commands import capture_tp
+
+        return capture_tp(args, *_device_dtype(args))
+    dist = init_distributed(args.device)
+    if dist.enabled:
+        raise EagletError("`eaglet data` runs as one process; under torchrun use `eaglet train --regenerate`")
+    dev = dist.device
+    if args.data_command == "regenerate":
+        from eaglet.data.prompts import load_conversations
+        from eaglet.data.regenerate import claim_output, regen_settings, regenerate
+        from eaglet.train.pipeline import sampled_prompts
+
+        rc = _regen_config(args)
+        convs = sampled_prompts(load_conversations(args.data, _split(args)), rc)
+        out = Path(args.out)
+        claim_output(out, regen_settings(args.target, rc.params()), restart=args.restart)  # before loading
+        deadline = time.time() + 60 * args.time_budget_min if args.time_budget_min else None
+        target = _load_for_training(args, dev)
+        stats = regenerate(target, convs, out, rc.params(), rc.batch_size, rc.max_prompt_tokens,
+                           seed=args.seed, deadline=deadline)
+        print(json.dumps({"out": args.out, **vars(stats)}))
+        return 0
+    import torch
+
+    from eaglet.train.pipeline import capture_run
+
+    target = _load_for_training(args, dev)
+    print(json.dumps(capture_run(target, args.data, _split(args), Path(args.out), args.capture, args.max_len,
+                                 args.shard_samples, args.batch_tokens, getattr(torch, args.feature_dtype))))
+    return 0
+
+
+def cmd_train(args) -> int:
+    import time
+    from pathlib import Path
+
+    from eaglet.train.dist import init_distributed
+    from eaglet.train.pipeline import run_train
+    from eaglet.train.trainer import TrainConfig
+
+    cfg = TrainConfig(ttt_steps=args.ttt_steps, decay=args.decay, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
+                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens,
+                      max_len=args.max_len, draft_vocab_size=args.draft_vocab_size, capture_points=args.capture,
+                      save_every=args.save_every, val_every=args.val_every, seed=args.seed,
+                      autocast=False if args.no_autocast else None, tensorboard=args.tensorboard)
+    regen = _regen_config(args) if args.regenerate else None
+    if _tp_job(args, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
+        from eaglet.parallel.commands import train_tp
+
+        return train_tp(args, cfg, regen, *_device_dtype(args))
+    start = time.time()  # --time-budget-min covers loading the target too
+    dist = init_distributed(args.device)
+    target = _load_for_training(args, dist.device)
+    budget = 60 * args.time_budget_min if args.time_budget_min else None
+    regen_budget = 60 * args.regen_budget_min if args.regen_budget_min else None
+    result = run_train(target, args.data, Path(args.out), cfg, dist, regen, args.features, args.val_features,
+                       args.val_fraction, budget, regen_budget, start)
+    if dist.main:
+        result.pop("config")
+        print(json.dumps({"draft": str(Path(args.out) / "draft"), **result}))
+    return 0
+
+
+def cmd_draft(args) -> int:
+    from eaglet.draft.compat import import_draft
+    from eaglet.train.dist import init_distributed
+
+    target = _load_for_training(args, init_distributed(args.device).device)
+    spec = import_draft(args.src, args.out, target, list(args.capture_ids) if args.capture_ids else None,
+                        args.convention, overwrite=args.overwrite)
+    print(json.dumps({"out": args.out, "capture_points": list(spec.points), "convention": "eaglet"}))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from eaglet.doctor.config import DoctorConfig
+    from eaglet.doctor.run import run_doctor
+
+    device, dtype = _device_dtype(args)
+    cfg = DoctorConfig(target=args.target, draft=args.draft, prompts=args.prompts, num_prompts=args.num_prompts,
+                       max_new_tokens=args.max_new_tokens, features=args.features, tp=args.tp,
+                       num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                       max_context=args.max_context, device=device, dtype=dtype)
+    report = run_doctor(cfg)
+    print(report.format())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.ok else EXIT_CHECK_FAILED
+
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
+COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
+COMMANDS.update(doctor=cmd_doctor)
+
+
