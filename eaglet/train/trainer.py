@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -60,6 +60,9 @@ class TrainConfig:
     autocast: bool | None = None  # bf16 autocast; None: on CUDA only
     tensorboard: bool = False
     init_from_target: bool = True  # start the LM head from the target's rows for the draft vocabulary
+    aux_norm: bool = False  # RMS-normalise each captured point before fc (stored in the draft)
+    aux_noise: float = 0.0  # uniform noise in [-aux_noise, aux_noise] on the captured points, training only
+    earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -71,6 +74,7 @@ class TrainConfig:
                   (self.batch_tokens >= 16, "--batch-tokens must be >= 16"),
                   (self.max_len is None or self.max_len >= 8, "--max-len must be >= 8"),
                   (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
+                  (self.aux_noise >= 0, "--aux-noise must be >= 0"),
                   (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
                   (self.save_every >= 1 and self.val_every >= 1, "--save-every and --val-every must be >= 1")]
         for ok, msg in checks:
@@ -115,10 +119,10 @@ class Trainer:
         dev = dist.device
         with torch.random.fork_rng(devices=[]), torch.device(dev):
             torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
-            self.draft = Eagle3Draft(DraftConfig.for_target(tc, self.capture, size))
+            self.draft = Eagle3Draft(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm))
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
-                        "ttt_steps": cfg.ttt_steps}
+                        "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {})}
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step, self.epoch, self.batch_pos = 0, 0, 0
@@ -209,6 +213,8 @@ class Trainer:
                         break
                     t0 = time.perf_counter()
                     inp = self.train_feats(batches[self.batch_pos])
+                    if cfg.aux_noise:  # EAGLE's feature noise: the draft learns to read imperfect features
+                        inp = replace(inp, aux=inp.aux + (torch.rand_like(inp.aux) * 2 - 1) * cfg.aux_noise)
                     lr = lr_at(cfg, self.step, self.total, (now - start) / span if span else 0.0)
                     for g in self.opt.param_groups:
                         g["lr"] = lr
