@@ -255,7 +255,8 @@ def _train(args: Namespace) -> None:
                           "or pass a JSONL file with answers")
     inputs = input_files("--data", args.data)
     out = output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors",
-                                              "regenerated.jsonl", "regenerated-0.jsonl", "draft"))
+                                              "regenerated.jsonl", "regenerated-0.jsonl", "draft",
+                                              "regenerated.self-prompts.jsonl", "regenerated-0.self-prompts.jsonl"))
     if args.regenerate and any(_inside(p.parent, out) and p.name.startswith("regenerated") for p in inputs):
         raise EagletError(f"--data {args.data} is where --regenerate writes its answers in --out {args.out}; "
                           "pass the prompts from another file")
@@ -265,7 +266,9 @@ def _train(args: Namespace) -> None:
                   "--answers": args.answers != (0.0,), "--regen-budget-min": args.regen_budget_min}
     given = [k for k, v in regen_only.items() if v]
     if given and not args.regenerate:
-        raise EagletError(f"{', '.join(given)} only work with --regenerate (they shape the data it writes)")
+        one = len(given) == 1
+        raise EagletError(f"{', '.join(given)} shape{'s' * one} the data --regenerate writes; add --regenerate, "
+                          f"or leave {'it' if one else 'them'} out")
     if args.train_tokens_per_s and not (args.regenerate and args.time_budget_min):
         raise EagletError("--train-tokens-per-s only splits a --time-budget-min between --regenerate and training; "
                           "add both, or leave it out")

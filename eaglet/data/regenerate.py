@@ -9,6 +9,9 @@ short by a time budget still holds a uniform sample of the data.
 Several answers per prompt: ``temperatures`` lists the settings (0 = greedy); each answer
 is its own record, with the prompt's id for the greedy answer and ``<id>~t<T>`` for the
 answer sampled at temperature ``T`` (``answer_id``), so every setting resumes on its own.
+A batch draws from a seed of its own (the run's seed and its first id), and batches are
+formed the same way whether or not some are done, so a resumed run writes the answers an
+uninterrupted one would have.
 
 Resumable: each finished batch is appended to the output JSONL with one write (one line
 per record) and flushed. The generation settings are recorded beside it in
@@ -25,6 +28,7 @@ import json
 import os
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,34 +113,47 @@ def claim_output(out: Path, settings: dict, restart: bool = False,
         write_atomic(meta, json.dumps(settings, indent=1))
 
 
+def whole_records(path: Path) -> list[dict]:
+    """The JSON objects of an appended JSONL file (none when it does not exist). A last line
+    without its newline (a crash mid-write) is completed when it is a whole JSON record and
+    dropped when it is not, so the next append starts on a line of its own."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut < len(data):
+        try:
+            json.loads(data[cut:])
+            whole = True
+        except ValueError:
+            whole = False
+        with open(path, "r+b") as fh:
+            if whole:
+                fh.seek(0, 2)
+                fh.write(b"\n")
+            else:
+                fh.truncate(cut)
+        if not whole:
+            note(f"dropped a partial last line of {path} (an interrupted write)")
+        cut = len(data) if whole else cut
+    out = []
+    for line in data[:cut].decode("utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def finished_ids(paths: list[Path]) -> tuple[set[str], int]:
-    """(ids already answered in ``paths``, their prompt + answer tokens). A last line without its
-    newline (a crash mid-write) is completed when it is a whole JSON record and dropped when it is not."""
+    """(ids already answered in ``paths``, their prompt + answer tokens)."""
     done: set[str] = set()
     tokens = 0
     for p in paths:
-        if not p.is_file():
-            continue
-        data = p.read_bytes()
-        cut = data.rfind(b"\n") + 1
-        if cut < len(data):
+        for rec in whole_records(p):
             try:
-                json.loads(data[cut:])
-                whole = True
-            except ValueError:
-                whole = False
-            with open(p, "r+b") as fh:
-                if whole:
-                    fh.seek(0, 2)
-                    fh.write(b"\n")
-                else:
-                    fh.truncate(cut)
-            if not whole:
-                note(f"dropped a partial last line of {p} (an interrupted write)")
-            cut = len(data) if whole else cut
-        for line in data[:cut].decode("utf-8").splitlines():
-            try:
-                rec = json.loads(line)
                 conv = parse_record(rec)
             except (ValueError, TypeError, AttributeError):
                 continue
@@ -168,29 +185,30 @@ def regenerate(target: Target, prompts: list[Conversation], out: Path, params: S
     claim_output(out, regen_settings(target.name, params, temps), fix=claim_fix)
     done, stats.tokens_before = finished_ids([out, *also_done])
     asked = ((0.0,) if 0.0 in temps else temps[:1]) if greedy_only else temps
-    jobs = [(replace(c, id=answer_id(c.id, t)), t) for t in asked for c in prompts]
-    todo = [(c, t) for c, t in jobs if c.id not in done]
-    stats.done_before = len(jobs) - len(todo)
     tok = target.tokenizer
-    by_temp: dict[float, list] = {t: [] for t in asked}
-    for (c, t), ids in zip(todo, _encode_prompts(tok, [c for c, _ in todo])):
-        if len(ids) > max_prompt_tokens:
-            stats.too_long += 1
-        else:
-            by_temp[t].append((c, ids))
-    if stats.too_long:
-        note(f"skipped {stats.too_long} answers to prompts longer than --max-prompt-tokens {max_prompt_tokens}")
+    encoded = _encode_prompts(tok, prompts)
+    long = [len(ids) > max_prompt_tokens for ids in encoded]
+    # Batches are formed from every job, done or not, so a resumed run decodes the same batches
+    # (sampled answers depend on their batch) and skips the finished ones.
     batches = []  # (temperature, rows): a batch decodes at one setting
-    for t, items in by_temp.items():
+    for t in asked:
+        items = [(replace(c, id=answer_id(c.id, t)), ids) for c, ids, skip in zip(prompts, encoded, long) if not skip]
         items.sort(key=lambda x: len(x[1]))
         batches += [(t, b) for b in _batches(items, batch_size)]
     random.Random(seed).shuffle(batches)
+    stats.done_before = sum(c.id in done for _, b in batches for c, _ in b)
+    stats.too_long = sum(answer_id(c.id, t) not in done for t in asked for c, skip in zip(prompts, long) if skip)
+    if stats.too_long:
+        note(f"skipped {stats.too_long} answers to prompts longer than --max-prompt-tokens {max_prompt_tokens}")
     window = target.config.max_position_embeddings
     generators: dict[int, PlainGenerator] = {}
-    bar = tqdm(total=sum(len(b) for _, b in batches), desc="regenerate", unit="answer", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=sum(len(b) for _, b in batches) - stats.done_before, desc="regenerate", unit="answer",
+               disable=not progress, dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
-        for temp, batch in batches:
+        for temp, whole in batches:
+            batch = [(c, ids) for c, ids in whole if c.id not in done]
+            if not batch:
+                continue
             if stop:
                 bar.close()
                 raise Interrupted(f"{stats.written} answers were added to {out} this run and every finished "
@@ -202,7 +220,8 @@ def regenerate(target: Target, prompts: list[Conversation], out: Path, params: S
             gen = generator_for(target, generators, longest, params.max_new_tokens)
             if gen is None:
                 raise EagletError(f"a prompt of {longest} tokens leaves no room in the model's {window}-token window")
-            outs = gen.generate([ids for _, ids in batch], replace(params, temperature=temp))
+            batch_seed = zlib.crc32(f"{params.seed}:{whole[0][0].id}".encode())  # the batch's own draws
+            outs = gen.generate([ids for _, ids in batch], replace(params, temperature=temp, seed=batch_seed))
             lines = []
             for (c, ids), o in zip(batch, outs):
                 answer = tok.decode(o.tokens, skip_special_tokens=True)

@@ -11,9 +11,10 @@ A written turn is kept when it ended on its own (not cut at ``max_new_tokens``) 
 text has ``min_chars..max_chars`` characters; a Magpie prompt also when it is no duplicate
 (case and spacing ignored) of a kept one (a second turn such as "Thanks!" may recur).
 Kept turns are appended to a prompt JSONL (one write per batch, settings in its
-``.meta.json`` as for answers), so a rerun skips the ids written before.
-Sampling is seeded per batch from the batch's first id: identical contexts in two
-batches still draw different turns.
+``.meta.json`` as for answers), and a dropped one as ``{"id", "dropped": why}``, so a
+rerun skips every id tried before. Sampling is seeded per batch from the batch's first
+id (identical contexts in two batches still draw different turns), and batches are formed
+from all jobs whether done or not: a resumed run writes what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from eaglet.data.prompts import Conversation, note, read_jsonl
-from eaglet.data.regenerate import claim_output, generator_for
+from eaglet.data.prompts import Conversation, note, parse_record
+from eaglet.data.regenerate import claim_output, generator_for, whole_records
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.interrupt import Interrupted, stop_on_signal
@@ -78,37 +79,42 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     claim_output(out, {"target": str(target.name), "kind": kind, **{k: v for k, v in vars(cfg).items()
                                                                     if k != "batch_size"}},
                  fix="pass another --out")
-    have = read_jsonl(out)[0] if out.is_file() and out.stat().st_size else []
-    done = {c.id for c in have}
-    seen = {_key(c.messages[-1]["content"]) for c in have}
-    todo = [c for c in jobs if c.id not in done]
+    tried = whole_records(out)
+    done = {str(r.get("id")) for r in tried}
+    seen = {_key(c.messages[-1]["content"]) for c in _kept(tried)}
     tok = target.tokenizer
     generators: dict[int, PlainGenerator] = {}
     kept = 0
-    bar = tqdm(total=len(todo), desc=kind, unit="turn", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=sum(c.id not in done for c in jobs), desc=kind, unit="turn", disable=not progress,
+               dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
-        for lo in range(0, len(todo), cfg.batch_size):
+        for lo in range(0, len(jobs), cfg.batch_size):
+            first = jobs[lo].id
+            batch = [c for c in jobs[lo: lo + cfg.batch_size] if c.id not in done]
+            if not batch:
+                continue
             if stop:
                 bar.close()
                 raise Interrupted(f"{kept} user turns were added to {out} this run; run the same command again "
                                   "to resume")
             if stop_when is not None and stop_when():
                 break
-            batch = todo[lo: lo + cfg.batch_size]
             texts = [user_prefix(tok, list(c.messages)) for c in batch]
             ids = tok(texts, add_special_tokens=False)["input_ids"]
             gen = generator_for(target, generators, max(map(len, ids)), cfg.max_new_tokens)
-            if gen is None:
-                bar.update(len(batch))
-                continue  # conversations too long to continue: nothing to write
-            params = replace(cfg.params(), seed=zlib.crc32(f"{cfg.seed}:{batch[0].id}".encode()))
+            outs = gen.generate(ids, replace(cfg.params(), seed=zlib.crc32(f"{cfg.seed}:{first}".encode()))) \
+                if gen is not None else [None] * len(batch)  # conversations too long to continue
             lines = []
-            for c, o in zip(batch, gen.generate(ids, params)):
-                text = tok.decode(o.tokens, skip_special_tokens=True).strip()
-                if o.finish_reason != "stop" or not cfg.min_chars <= len(text) <= cfg.max_chars \
-                        or (dedupe and _key(text) in seen):
+            for c, o in zip(batch, outs):
+                text = tok.decode(o.tokens, skip_special_tokens=True).strip() if o is not None else ""
+                why = ("too long to continue" if o is None else "cut at max_new_tokens" if o.finish_reason != "stop"
+                       else "length" if not cfg.min_chars <= len(text) <= cfg.max_chars
+                       else "duplicate" if dedupe and _key(text) in seen else None)
+                if why is not None:
+                    lines.append(json.dumps({"id": c.id, "dropped": why}) + "\n")
                     continue
                 seen.add(_key(text))
+                kept += 1
                 rec = {"id": c.id, "messages": [*c.messages, {"role": "user", "content": text}], "split": c.split,
                        "source": c.source}
                 if c.target_turns:
@@ -117,7 +123,6 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
             fh.write("".join(lines))
             fh.flush()
             os.fsync(fh.fileno())
-            kept += len(lines)
             bar.update(len(batch))
     bar.close()
     return kept
@@ -135,10 +140,14 @@ def follow_up_jobs(answered: list[Conversation]) -> list[Conversation]:
             for c in answered]
 
 
+def _kept(records: list[dict]) -> list[Conversation]:
+    return [parse_record(r) for r in records if "dropped" not in r]
+
+
 def load_written(out: Path) -> list[Conversation]:
     """The prompt records ``write_turns`` kept in ``out`` (none when it does not exist yet)."""
-    if not (out.is_file() and out.stat().st_size):
-        return []
-    convs = read_jsonl(out)[0]
-    note(f"{len(convs)} user turns written by the target in {out.name}")
+    records = whole_records(out)
+    convs = _kept(records)
+    if records:
+        note(f"{len(convs)} of {len(records)} user turns the target wrote are kept in {out.name}")
     return convs

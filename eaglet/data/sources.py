@@ -98,7 +98,7 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
     # Validation first: a time budget then cuts training data, never the validation set.
     done = [answer(val, "validation prompts"), answer(train, "training prompts")]
     if rc.follow_ups and not any(s.stopped_early for s in done):
-        answered = read_jsonl(out)[0] if out.is_file() else []  # this rank's own answers
+        answered = sorted(read_jsonl(out)[0] if out.is_file() else [], key=lambda c: c.id)  # this rank's own
         firsts = [c for c in answered if c.target_turns == 1 and "~t" not in c.id and not c.id.endswith("+2")
                   and picked(c.id, rc.follow_ups, f"follow-ups:{rc.seed}")]
         path = side_file(out, "follow-ups")

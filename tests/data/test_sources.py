@@ -10,7 +10,14 @@ import pytest
 from eaglet.chat import encode_chat
 from eaglet.data.prompts import parse_record, read_jsonl, split_train_val
 from eaglet.data.regenerate import regenerate
-from eaglet.data.self_prompts import SELF_SOURCE, TurnConfig, self_prompt_jobs, user_prefix, write_turns
+from eaglet.data.self_prompts import (
+    SELF_SOURCE,
+    TurnConfig,
+    load_written,
+    self_prompt_jobs,
+    user_prefix,
+    write_turns,
+)
 from eaglet.data.sources import RegenConfig, answer_sources, side_file
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
@@ -86,13 +93,15 @@ def test_self_prompts_keep_finished_distinct_turns_and_resume(tiny_target, tmp_p
     cfg = TurnConfig(batch_size=2, min_chars=5)
     assert write_turns(tiny_target, self_prompt_jobs(5), out, cfg, "self-prompts", progress=False) == 2
     recs = _records(out)
-    assert [r["messages"] for r in recs] == [[{"role": "user", "content": "What is a fox?"}],
-                                             [{"role": "user", "content": "Tell me about cats."}]]
-    assert {r["source"] for r in recs} == {SELF_SOURCE} and {r["split"] for r in recs} == {"train"}
-    # A rerun writes only the ids not kept before (the dropped ones are tried again).
-    _Writer.texts = [("Why is the sky blue?", "stop")] + [("What is a fox?", "stop")] * 2
-    assert write_turns(tiny_target, self_prompt_jobs(5), out, cfg, "self-prompts", progress=False) == 1
-    assert len(read_jsonl(out)[0]) == 3
+    kept = load_written(out)
+    assert [c.messages for c in kept] == [({"role": "user", "content": "What is a fox?"},),
+                                          ({"role": "user", "content": "Tell me about cats."},)]
+    assert {c.source for c in kept} == {SELF_SOURCE} and {c.split for c in kept} == {"train"}
+    assert [r["dropped"] for r in recs if "dropped" in r] == ["duplicate", "cut at max_new_tokens", "length"]
+    # A rerun tries only the ids never tried before (kept or dropped).
+    _Writer.texts = [("Why is the sky blue?", "stop")]
+    assert write_turns(tiny_target, self_prompt_jobs(6), out, cfg, "self-prompts", progress=False) == 1
+    assert [c.id for c in load_written(out)] == ["self-0", "self-4", "self-5"]
 
 
 def test_second_turns_are_the_targets_and_keep_split_and_source(tiny_target, tmp_path, monkeypatch):
