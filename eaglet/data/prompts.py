@@ -9,7 +9,7 @@ Optional fields: ``id`` (else a hash of the messages), ``split`` (``train``/``va
 ``target_turns`` (how many of the last assistant messages the target wrote; default 1 for a
 record with ``answer_ids``, else 0: unknown).
 Malformed lines are skipped and counted, and the count is printed; a dataset with no
-usable line is one clear error. ``.jsonl.gz`` files are read transparently.
+usable line is one clear error. ``.jsonl.gz`` and ``.jsonl.xz`` files are read transparently.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import lzma
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from eaglet.chat import as_messages
 from eaglet.errors import EagletError
 
 BUILTIN = "builtin"
-CORPUS = Path(__file__).resolve().parent / "corpus" / "smollm2_prompts.jsonl.gz"
+CORPUS = Path(__file__).resolve().parent / "corpus" / "smollm2_prompts.jsonl.xz"
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def read_jsonl(path: str | Path) -> tuple[list[Conversation], int]:
     path = Path(path)
     if not path.is_file():
         raise EagletError(f"data file {path} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     out: list[Conversation] = []
     bad, first_bad, n_lines = 0, None, 0
     try:

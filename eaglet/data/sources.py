@@ -1,7 +1,10 @@
 """The regeneration stages: every source of self-distilled training data, in one order.
 
-1. prompts the target writes itself (``self_prompts`` Magpie attempts, source ``self``,
-   training only) into ``<out>.self-prompts.jsonl``;
+1. prompts the target writes itself (``self_prompts`` Magpie attempts, source ``self``)
+   into ``<out>.self-prompts.jsonl``; a hash-chosen 5% of them (source ``self-heldout``) are
+   validation: open-ended requests of the kind the target was tuned on, beside the unseen
+   evals and held-back chats (written by the same generator as the training ones, so a
+   held-out sample rather than a held-out source);
 2. answers to the validation prompts (greedy only: scored as greedy serving sees them),
    then to the training prompts, one record per setting of ``answers`` (greedy and sampled
    temperatures, ``regenerate``);
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eaglet.data.prompts import Conversation, note, read_jsonl
@@ -28,6 +31,9 @@ from eaglet.data.self_prompts import TurnConfig, follow_up_jobs, load_written, s
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.sampling import SamplingParams
+
+SELF_VAL_SOURCE = "self-heldout"
+SELF_VAL_FRACTION = 0.05  # of the Magpie prompts, held out for validation
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,12 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
     train = [c for c in prompts if c.split != "val"][rank::world]
     if rc.self_prompts:
         path = side_file(out, "self-prompts")
-        write_turns(target, self_prompt_jobs(rc.self_prompts)[rank::world], path, rc.turns(), "self-prompts",
-                    turn_stop, progress)
-        train += load_written(path)
+        jobs = [replace(c, split="val", source=SELF_VAL_SOURCE) if picked(c.id, SELF_VAL_FRACTION, "self-val") else c
+                for c in self_prompt_jobs(rc.self_prompts)[rank::world]]
+        write_turns(target, jobs, path, rc.turns(), "self-prompts", turn_stop, progress)
+        written = load_written(path)
+        val += [c for c in written if c.split == "val"]
+        train += [c for c in written if c.split != "val"]
 
     def answer(convs: list[Conversation], what: str) -> RegenStats:
         val_part = what.startswith("validation")

@@ -111,6 +111,7 @@ def test_second_turns_are_the_targets_and_keep_split_and_source(tiny_target, tmp
           for i, p in enumerate(prompts(6, seed=23))]
     out = tmp_path / "r.jsonl"
     rc = RegenConfig(batch_size=4, max_new_tokens=8, answers=(0.0, 1.0), self_prompts=3, follow_ups=1.0)
+    monkeypatch.setattr("eaglet.data.sources.SELF_VAL_FRACTION", 0.0)
     answer_sources(tiny_target, ps, out, rc, progress=False)
     convs = {c.id: c for c in read_jsonl(out)[0]}
     # The stand-in writes one text: Magpie duplicates are dropped (second turns may recur).
@@ -148,3 +149,16 @@ def test_loss_on_earlier_turns_is_an_option():
     assert masked(ours, False) == masked(ours, True)
     with pytest.raises(ValueError, match="target_turns"):
         parse_record({"messages": turns, "target_turns": 3})
+
+
+def test_a_share_of_self_prompts_is_validation(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    _Writer.texts = [(f"Question number {i}?", "stop") for i in range(100)]
+    out = tmp_path / "r.jsonl"
+    answer_sources(tiny_target, [], out, RegenConfig(batch_size=8, max_new_tokens=4, answers=(0.0, 1.0),
+                                                     self_prompts=100), progress=False)
+    convs = read_jsonl(out)[0]
+    val = [c for c in convs if c.split == "val"]
+    assert 0 < len(val) < 15 and {c.source for c in val} == {"self-heldout"}
+    assert not any("~t" in c.id for c in val)  # validation answers are greedy only
+    assert {c.source for c in convs if c.split == "train"} == {SELF_SOURCE}
