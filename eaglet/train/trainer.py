@@ -33,7 +33,8 @@ from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
-from eaglet.train.inputs import Featurizer, StepInputs, no_cudnn_attention
+from eaglet.train.evaluate import score, unroll
+from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
 from eaglet.train.ttt import TTTLoss
@@ -183,8 +184,7 @@ class Trainer:
     # --- loop ----------------------------------------------------------------------------
 
     def _forward(self, inp: StepInputs, model: torch.nn.Module):
-        with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.autocast), no_cudnn_attention():
-            return model(inp.aux, inp.emb, inp.ids, inp.mask, inp.target_logp, inp.target_top)
+        return unroll(model, inp, self.autocast)
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         b = length_batches(self.train_src.lengths, self.cfg.batch_tokens, self.cfg.seed, epoch)
@@ -282,11 +282,10 @@ class Trainer:
     @torch.no_grad()
     def _validate(self, log: RunLog | None) -> tuple[dict, float]:
         t0 = time.perf_counter()
-        d, total = self.dist, torch.zeros(self.cfg.ttt_steps, 3, device=self.dist.device, dtype=torch.float64)
+        d = self.dist
         batches = length_batches(self.val_src.lengths, self.cfg.batch_tokens, self.cfg.seed)
-        for rows in batches[d.rank:: d.world]:
-            _, stats = self._forward(self.val_feats(rows), self.loss)
-            total += stats.double()
+        total = score(self.val_feats, batches[d.rank:: d.world], lambda inp: self._forward(inp, self.loss),
+                      self.cfg.ttt_steps, d.device)
         row = summarize(all_sum(total, d), self.cfg.decay)
         row.update(step=self.step, split="val")
         if log is not None:
