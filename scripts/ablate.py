@@ -1,13 +1,16 @@
 """Issue 12's ablations: regenerate once with every data source, then train each variant on its share
 of the data within the same time budget, and print one table for docs/training.md.
 
-    python scripts/ablate.py --out runs/ablate                       (defaults: the H200 plan below)
-    python scripts/ablate.py --out runs/ablate --variants base,all-norm --train-min 3 --serve 20
+    python scripts/ablate.py --out runs/ablate --variants ""                   (regeneration only)
+    python scripts/ablate.py --out runs/ablate --variants base,sampled,self,all
+    python scripts/ablate.py --out runs/ablate --variants all-norm,all-norm-noise,all-target-turns
+    python scripts/ablate.py --out runs/ablate --variants all,all-norm --serve 20
 
-Plan for one H200 and 30 device minutes: regeneration 9 minutes for a sample of 12,000 training
-prompts (greedy plus sampled answers at 0.7 and 1.0, 4,000 Magpie prompts, second turns for a
-quarter, answers up to 512 tokens: about 60k answers at the ~26k tokens/s measured in issue 3),
-then 7 variants x 2.5 minutes of training, each validated on the same records (unseen evals,
+Plan for one H200, 30 device minutes and commands of at most 10 minutes: regeneration 7 minutes
+for a sample of 8,000 training prompts (greedy plus sampled answers at 0.7 and 1.0, 3,000
+Magpie prompts, second turns for a quarter, answers up to 512 tokens: about 40k answers, some
+5 minutes at the ~26k tokens/s measured in issue 3), then 7 variants x 2 minutes of training,
+each validated on the same records (unseen evals,
 human-eval, held-back chats, held-out Magpie prompts, second turns of those), scored per source.
 ``--serve N`` also measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48,
 policy off) on N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes
@@ -78,6 +81,22 @@ def write_variant(convs: list[Conversation], kinds: tuple[str, ...], path: Path)
     return sum(c.split != "val" for c in keep)
 
 
+def train_variant(args, target, convs: list[Conversation], val: list[Conversation], name: str, out: Path) -> dict:
+    """Train variant ``name`` on its share of ``convs`` within --train-min, then score it per source."""
+    run = out / name
+    run.mkdir(exist_ok=True)
+    kinds, options = VARIANTS[name]
+    n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
+    cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
+    res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg, time_budget_s=60 * args.train_min)
+    draft, _ = load_draft_for(run / "draft", target, device=args.device)
+    sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
+                               earlier_turns=cfg.earlier_turns)
+    return {"kinds": list(kinds), "options": options, "train_records": n_train, "steps": res["steps"],
+            "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
+            "train_seconds": res["seconds_this_run"]}
+
+
 def serve(args, draft: Path, out: Path) -> dict:
     """Accept length in serving on the bench prompts and on other_prompts.jsonl (``eaglet bench``)."""
     res = {}
@@ -114,12 +133,12 @@ def main() -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--device", default="cuda")
     p.add_argument("--data", default="builtin")
-    p.add_argument("--regen-min", type=float, default=9.0, help="regeneration budget in minutes")
-    p.add_argument("--train-min", type=float, default=2.5, help="training budget per variant in minutes")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--regen-min", type=float, default=7.0, help="regeneration budget in minutes")
+    p.add_argument("--train-min", type=float, default=2.0, help="training budget per variant in minutes")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' regenerates only")
     p.add_argument("--answers", default="0,0.7,1.0")
-    p.add_argument("--max-samples", type=int, default=12000, help="training prompts of --data (a seeded sample)")
-    p.add_argument("--self-prompts", type=int, default=4000)
+    p.add_argument("--max-samples", type=int, default=8000, help="training prompts of --data (a seeded sample)")
+    p.add_argument("--self-prompts", type=int, default=3000)
     p.add_argument("--follow-ups", type=float, default=0.25)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--regen-batch-size", type=int, default=512)
@@ -152,30 +171,17 @@ def main() -> None:
     regen_s = time.time() - t0
     print(f"regeneration: {len(convs)} records in {regen_s:.0f} s (resumed runs count only this run)", flush=True)
     val = [replace(c, source=group(c)) for c in convs if c.split == "val"]
-    results: dict[str, dict] = {}
     for name in names:
         run = out / name
         done = run / "result.json"
-        if done.is_file():
-            results[name] = json.loads(done.read_text())
-            continue
-        run.mkdir(exist_ok=True)
-        kinds, options = VARIANTS[name]
-        n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
-        cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
-        res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg, time_budget_s=60 * args.train_min)
-        draft, _ = load_draft_for(run / "draft", target, device=args.device)
-        sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
-                                   earlier_turns=cfg.earlier_turns)
-        row = {"kinds": list(kinds), "options": options, "train_records": n_train, "steps": res["steps"],
-               "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
-               "train_seconds": res["seconds_this_run"]}
-        if args.serve:
+        row = json.loads(done.read_text()) if done.is_file() else train_variant(args, target, convs, val, name, out)
+        if args.serve and "serve" not in row:
             row["serve"] = serve(args, run / "draft", run)
         done.write_text(json.dumps(row, indent=1))
-        results[name] = row
-        print(table({name: row}, cfg.ttt_steps), flush=True)
-    text = table(results, TrainConfig().ttt_steps)
+        print(table({name: row}, TrainConfig().ttt_steps), flush=True)
+    finished = {n: json.loads((out / n / "result.json").read_text()) for n in VARIANTS
+                if (out / n / "result.json").is_file()}  # every variant run so far, by any command
+    text = table(finished, TrainConfig().ttt_steps)
     (out / "ablation.md").write_text(text + "\n")
     print(f"\nregeneration {regen_s:.0f} s this run; training {args.train_min} min per variant\n\n{text}")
 
