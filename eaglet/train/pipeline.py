@@ -29,7 +29,6 @@ from eaglet.train.budget import BudgetSplit, mark_done, regen_done
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, any_rank, barrier
 from eaglet.train.trainer import TrainConfig, Trainer
 
-__all__ = ["RegenConfig", "run_train", "regenerate_run", "capture_run", "sampled_prompts"]
 ANSWER_FILE = re.compile(r"regenerated(-\d+)?\.jsonl")  # not the prompt files of regeneration's stages
 
 
