@@ -9,10 +9,12 @@
    then to the training prompts, one record per setting of ``answers`` (greedy and sampled
    temperatures, ``regenerate``);
 3. second turns (``follow_ups``: a seeded fraction of the conversations answered greedily
-   in step 2): the target writes the next user turn into ``<out>.follow-ups.jsonl``, then
-   answers it at every setting. Such a record keeps its first conversation's id (plus
-   ``+2``), split and source, so validation still holds whole sources out, and its
-   ``target_turns`` (2) says both assistant turns are the target's.
+   in step 2 whose answer ended, not cut at ``max_new_tokens``: a cut answer followed by
+   the template's end of turn is not what the target wrote): the target writes the next
+   user turn into ``<out>.follow-ups.jsonl``, then answers it at every setting. Such a
+   record keeps its first conversation's id (plus ``+2``), split and source, so validation
+   still holds whole sources out, and its ``target_turns`` (2) says both assistant turns
+   are the target's.
 
 Every stage resumes from its file; a time budget (``stop_when``) ends the run between
 batches, so later stages are the first to be cut.
@@ -108,8 +110,8 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
     done = [answer(val, "validation prompts"), answer(train, "training prompts")]
     if rc.follow_ups and not any(s.stopped_early for s in done):
         answered = sorted(read_jsonl(out)[0] if out.is_file() else [], key=lambda c: c.id)  # this rank's own
-        firsts = [c for c in answered if c.target_turns == 1 and "~t" not in c.id and not c.id.endswith("+2")
-                  and picked(c.id, rc.follow_ups, f"follow-ups:{rc.seed}")]
+        firsts = [c for c in answered if c.target_turns == 1 and not c.truncated and "~t" not in c.id
+                  and not c.id.endswith("+2") and picked(c.id, rc.follow_ups, f"follow-ups:{rc.seed}")]
         path = side_file(out, "follow-ups")
         write_turns(target, follow_up_jobs(firsts), path, rc.turns(), "follow-ups", turn_stop, progress,
                     dedupe=False)

@@ -24,7 +24,7 @@ from eaglet.errors import EagletError
 from eaglet.generate import Completion, PlainGenerator
 from eaglet.sampling import SamplingParams
 from tests.conftest import smollm2_gguf
-from tests.train.helpers import prompts, tiny_tokenizer
+from tests.train.helpers import answers_end_after, prompts, tiny_tokenizer
 
 PARAMS = SamplingParams(max_new_tokens=10, seed=3)
 
@@ -106,6 +106,7 @@ def test_self_prompts_keep_finished_distinct_turns_and_resume(tiny_target, tmp_p
 
 def test_second_turns_are_the_targets_and_keep_split_and_source(tiny_target, tmp_path, monkeypatch):
     monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    answers_end_after(monkeypatch, 5)
     _Writer.texts = []
     ps = [p.__class__(p.id, p.messages, *(("val", "held-out") if i < 2 else ("train", f"src{i % 2}")))
           for i, p in enumerate(prompts(6, seed=23))]
@@ -162,3 +163,13 @@ def test_a_share_of_self_prompts_is_validation(tiny_target, tmp_path, monkeypatc
     assert 0 < len(val) < 15 and {c.source for c in val} == {"self-heldout"}
     assert not any("~t" in c.id for c in val)  # validation answers are greedy only
     assert {c.source for c in convs if c.split == "train"} == {SELF_SOURCE}
+
+
+def test_answers_cut_at_the_limit_get_no_second_turn(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    answers_end_after(monkeypatch, 6)  # answers of max_new_tokens 5 are all cut
+    out = tmp_path / "r.jsonl"
+    answer_sources(tiny_target, prompts(4, seed=24, split="train"), out,
+                   RegenConfig(batch_size=4, max_new_tokens=5, follow_ups=1.0), progress=False)
+    convs = read_jsonl(out)[0]
+    assert len(convs) == 4 and all(c.truncated for c in convs)

@@ -106,3 +106,17 @@ def interrupt_on_call(monkeypatch, owner, name: str, call: int, times: int = 1, 
         return out
 
     monkeypatch.setattr(owner, name, wrapped)
+
+
+def answers_end_after(monkeypatch, n: int) -> None:
+    """Every generated answer ends (finish_reason "stop") after ``n`` tokens: the tiny random target
+    seldom writes its end-of-turn token, and some stages only continue answers that ended."""
+    from eaglet.generate import StopChecker
+
+    original = StopChecker.check
+
+    def check(self, tokens, n_new=1):
+        keep = original(self, tokens, n_new)
+        return keep if keep is not None or len(tokens) < n else len(tokens)
+
+    monkeypatch.setattr(StopChecker, "check", check)

@@ -16,7 +16,7 @@ from eaglet.draft.model import PointNorm
 from eaglet.errors import EagletError
 from eaglet.train.budget import BudgetSplit
 from eaglet.train.trainer import TrainConfig, Trainer
-from tests.train.helpers import interrupt_on_call, prompts, write_jsonl
+from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, write_jsonl
 
 FAST = dict(ttt_steps=2, lr=3e-3, warmup_steps=2, batch_tokens=256, epochs=20, progress=False)
 
@@ -91,11 +91,12 @@ def test_one_command_cut_into_pieces_ends_as_the_uncut_run(tiny_target_dir, tmp_
     import eaglet.data.regenerate as regen
     import eaglet.data.sources as sources
 
+    answers_end_after(monkeypatch, 16)  # second turns continue answers that ended (and 16 bytes make a turn)
     src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages), "split": "val" if i < 4 else "train",
                                               "source": "held" if i < 4 else "data"}
                                              for i, p in enumerate(prompts(12, seed=35))])
     args = ["train", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src), "--regenerate",
-            "--regen-batch-size", "4", "--max-new-tokens", "6", "--answers", "greedy,1.0", "--self-prompts", "6",
+            "--regen-batch-size", "4", "--max-new-tokens", "20", "--answers", "greedy,1.0", "--self-prompts", "6",
             "--follow-ups", "0.5", "--time-budget-min", "600", "--train-tokens-per-s", "1e9", "--ttt-steps", "2",
             "--batch-tokens", "512", "--epochs", "2", "--warmup-steps", "2", "--save-every", "2"]
     assert main([*args, "--out", str(tmp_path / "uncut")]) == 0
