@@ -176,7 +176,8 @@ def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
                    help="and at most this many validation prompts (default: all)")
     p.add_argument("--self-prompts", type=integer(0), default=0, metavar="N",
                    help="also have the target write N user prompts itself from the chat template's user prefix "
-                        "(Magpie; training data, source 'self'; cut, short and duplicate ones are dropped)")
+                        "(Magpie; source 'self', 5%% held out for validation as 'self-heldout'; cut, short and "
+                        "duplicate ones are dropped)")
     p.add_argument("--follow-ups", type=number(0, 1), default=0.0, metavar="FRACTION",
                    help="give this fraction of the greedily answered conversations a second user turn the "
                         "target writes, and answer it (multi-turn data)")

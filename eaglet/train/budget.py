@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class BudgetSplit:
             return elapsed_s >= self.regen_budget_s
         return elapsed_s + self.reserve_s + self.train_seconds(tokens) >= self.budget_s
 
-    def stopper(self, start: float):
+    def stopper(self, start: float) -> Callable[[int], bool]:
         """``stop_when(tokens)`` for ``regenerate``, counting from ``start`` (a ``time.time()``)."""
         return lambda tokens: self.regen_should_stop(time.time() - start, tokens)
 

@@ -22,7 +22,7 @@ from eaglet.train.report import summarize
 from eaglet.train.ttt import TTTLoss
 
 
-def unroll(model: torch.nn.Module, inp: StepInputs, autocast: bool):
+def unroll(model: torch.nn.Module, inp: StepInputs, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The TTT unroll of ``model`` (a TTTLoss, or DDP around one) on one batch: (loss, stats)."""
     with torch.autocast(inp.ids.device.type, dtype=torch.bfloat16, enabled=autocast), no_cudnn_attention():
         return model(inp.aux, inp.emb, inp.ids, inp.mask, inp.target_logp, inp.target_top)

@@ -16,6 +16,7 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from eaglet.data.dataset import TokenData
@@ -74,7 +75,7 @@ def answer_files(out: Path) -> list[Path]:
 
 
 def regenerate_run(target: Target, data: str, out: Path, rc: RegenConfig, dist: DistInfo,
-                   stop_when, val_fraction: float, progress: bool = True) -> str:
+                   stop_when: Callable[[int], bool] | None, val_fraction: float, progress: bool = True) -> str:
     """Regenerate the training data for ``data``'s prompts into ``out``; returns the comma-joined answer files.
 
     ``stop_when(tokens)``: the time budget (``BudgetSplit.stopper``) or None.
