@@ -5,16 +5,17 @@
    validation: open-ended requests of the kind the target was tuned on, beside the unseen
    evals and held-back chats (written by the same generator as the training ones, so a
    held-out sample rather than a held-out source);
-2. answers to the validation prompts (greedy only: scored as greedy serving sees them),
-   then to the training prompts, one record per setting of ``answers`` (greedy and sampled
-   temperatures, ``regenerate``);
+2. greedy answers to the validation prompts (scored as greedy serving sees them), then to
+   the training prompts (``regenerate``);
 3. second turns (``follow_ups``: a seeded fraction of the conversations answered greedily
    in step 2 whose answer ended, not cut at ``max_new_tokens``: a cut answer followed by
    the template's end of turn is not what the target wrote): the target writes the next
-   user turn into ``<out>.follow-ups.jsonl``, then answers it at every setting. Such a
-   record keeps its first conversation's id (plus ``+2``), split and source, so validation
-   still holds whole sources out, and its ``target_turns`` (2) says both assistant turns
-   are the target's.
+   user turn into ``<out>.follow-ups.jsonl``, then answers it greedily. Such a record
+   keeps its first conversation's id (plus ``+2``), split and source, so validation still
+   holds whole sources out, and its ``target_turns`` (2) says both assistant turns are the
+   target's;
+4. the answers at the other settings of ``answers`` (sampled temperatures), one record
+   each, for the training prompts and second turns: the bulk of the tokens, so last.
 
 Every stage resumes from its file; a time budget (``stop_when``) ends the run between
 batches, so later stages are the first to be cut.
@@ -96,18 +97,18 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
         val += [c for c in written if c.split == "val"]
         train += [c for c in written if c.split != "val"]
 
-    def answer(convs: list[Conversation], what: str) -> RegenStats:
-        val_part = what.startswith("validation")
-        stats = regenerate(target, convs, out, rc.params(), rc.batch_size,
-                           rc.max_prompt_tokens, seed=rc.seed, stop_when=stop_when, also_done=also_done,
-                           progress=progress, claim_fix=claim_fix, temperatures=rc.answers, greedy_only=val_part)
+    def answer(convs: list[Conversation], what: str, greedy_only: bool = True) -> RegenStats:
+        stats = regenerate(target, convs, out, rc.params(), rc.batch_size, rc.max_prompt_tokens, seed=rc.seed,
+                           stop_when=stop_when, also_done=also_done, progress=progress, claim_fix=claim_fix,
+                           temperatures=rc.answers, greedy_only=greedy_only)
         if rank == 0:
             note(f"answered {stats.written} {what} ({stats.tokens} answer tokens) in {stats.seconds:.0f} s; "
                  f"{stats.done_before} were done before" + ("; stopped by the time budget" * stats.stopped_early))
         return stats
 
-    # Validation first: a time budget then cuts training data, never the validation set.
-    done = [answer(val, "validation prompts"), answer(train, "training prompts")]
+    # Validation first: a time budget then cuts training data, never the validation set. Greedy
+    # answers and second turns come before the sampled answers, the bulk of the tokens.
+    done = [answer(val, "validation prompts"), answer(train, "training prompts, greedily")]
     if rc.follow_ups and not any(s.stopped_early for s in done):
         answered = sorted(read_jsonl(out)[0] if out.is_file() else [], key=lambda c: c.id)  # this rank's own
         firsts = [c for c in answered if c.target_turns == 1 and not c.truncated and "~t" not in c.id
@@ -117,5 +118,8 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
                     dedupe=False)
         second = load_written(path)
         done += [answer([c for c in second if c.split == "val"], "validation second turns"),
-                 answer([c for c in second if c.split != "val"], "training second turns")]
+                 answer([c for c in second if c.split != "val"], "training second turns, greedily")]
+        train += [c for c in second if c.split != "val"]
+    if len(rc.answers) > 1 and not any(s.stopped_early for s in done):
+        done.append(answer(train, "training prompts at every setting", greedy_only=False))
     return done
