@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 from eaglet import __version__
-from eaglet.cli_checks import device, integer, nonempty, number, point_list
+from eaglet.cli_checks import answer_list, device, integer, nonempty, number, point_list
 from eaglet.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, EagletError
 
 EXAMPLES = """\
@@ -164,13 +164,23 @@ def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=256,
                    help="prompts decoded together")
     p.add_argument("--max-new-tokens", type=integer(1), default=384, help="tokens per answer at most")
-    p.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--answers", type=answer_list, default=(0.0,), metavar="SETTINGS",
+                   help="answers per prompt, comma-separated: 'greedy' and sampling temperatures, e.g. "
+                        "greedy,0.7,1.0 (one record each, ids <id> and <id>~t0.7; validation prompts are "
+                        "answered greedily only) (default: greedy)")
     p.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling; 1 = off")
     p.add_argument("--max-prompt-tokens", type=integer(1), default=1024, help="longer prompts are skipped and counted")
     p.add_argument("--max-samples", type=integer(1), default=None,
                    help="regenerate at most this many training prompts, a seeded sample (default: all)")
     p.add_argument("--max-val-samples", type=integer(0), default=None,
                    help="and at most this many validation prompts (default: all)")
+    p.add_argument("--self-prompts", type=integer(0), default=0, metavar="N",
+                   help="also have the target write N user prompts itself from the chat template's user prefix "
+                        "(Magpie; source 'self', 5%% held out for validation as 'self-heldout'; cut, short and "
+                        "duplicate ones are dropped)")
+    p.add_argument("--follow-ups", type=number(0, 1), default=0.0, metavar="FRACTION",
+                   help="give this fraction of the greedily answered conversations a second user turn the "
+                        "target writes, and answer it (multi-turn data)")
 
 
 def _add_training_parsers(sub) -> None:
@@ -238,7 +248,11 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
     _add_regen_options(t, "--regen-batch-size")
     t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,
-                   help="time for regeneration (default: half of --time-budget-min)")
+                   help="time for regeneration (default: while the time left still trains --epochs passes "
+                        "over the data so far; docs/training.md)")
+    t.add_argument("--train-tokens-per-s", type=number(0, low_open=True), default=None,
+                   help="padded training tokens per second, for the budget split (default: 134000, measured "
+                        "with SmolLM2 on one H200)")
     t.add_argument("--features", default=None,
                    help="offline feature directory (`data capture`) instead of online (default: online)")
     t.add_argument("--val-features", default=None, help="offline features for validation (default: online)")
@@ -248,6 +262,13 @@ def _add_train_parser(sub) -> None:
                    help="whole-command budget; training stops in time to validate and export (default: none)")
     t.add_argument("--ttt-steps", type=integer(1), default=7, help="draft steps unrolled in training-time test")
     t.add_argument("--decay", type=number(0, 1, low_open=True), default=0.8, help="loss weight decay**j of step j")
+    t.add_argument("--aux-norm", action="store_true",
+                   help="RMS-normalise each captured point before fc (a learned weight per point, stored in the "
+                        "draft and applied in serving too)")
+    t.add_argument("--aux-noise", type=number(0), default=0.0, metavar="SIGMA",
+                   help="training only: add uniform noise in [-SIGMA, SIGMA] to the captured points; 0 = off")
+    t.add_argument("--target-turns-only", action="store_true",
+                   help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
     t.add_argument("--lr", type=number(0, low_open=True), default=5e-4, help="peak learning rate (AdamW)")
     t.add_argument("--min-lr-ratio", type=number(0, 1), default=0.05, help="the cosine ends at lr * this")
     t.add_argument("--warmup-steps", type=integer(0), default=50, help="linear warm-up steps")

@@ -71,6 +71,18 @@ def point_list(text: str) -> tuple[int, ...]:
     return ids
 
 
+def answer_list(text: str) -> tuple[float, ...]:
+    """Answer settings: 'greedy' (0) and sampling temperatures > 0, comma-separated and distinct."""
+    try:
+        temps = tuple(0.0 if x.strip() == "greedy" else float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        temps = ()
+    if not temps or len(set(temps)) != len(temps) or not all(t >= 0 and t == t and t != float("inf") for t in temps):
+        raise ArgumentTypeError(f"expected distinct settings such as greedy,0.7,1.0 ('greedy' or a temperature "
+                                f"> 0), got {text!r}")
+    return temps
+
+
 def nonempty(text: str) -> str:
     if not text.strip():
         raise ArgumentTypeError("expected some text, got an empty string")
@@ -227,6 +239,7 @@ def _regenerate(args: Namespace) -> None:
     out = output_file("--out", args.out, "answers.jsonl")
     if any(_inside(out, p) for p in inputs):
         raise EagletError(f"--out {args.out} is also an input of --data; write the answers to another file")
+    _follow_ups(args)
 
 
 def _capture(args: Namespace) -> None:
@@ -242,12 +255,31 @@ def _train(args: Namespace) -> None:
                           "or pass a JSONL file with answers")
     inputs = input_files("--data", args.data)
     out = output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors",
-                                              "regenerated.jsonl", "regenerated-0.jsonl", "draft"))
+                                              "regenerated.jsonl", "regenerated-0.jsonl", "draft",
+                                              "regenerated.self-prompts.jsonl", "regenerated-0.self-prompts.jsonl"))
     if args.regenerate and any(_inside(p.parent, out) and p.name.startswith("regenerated") for p in inputs):
         raise EagletError(f"--data {args.data} is where --regenerate writes its answers in --out {args.out}; "
                           "pass the prompts from another file")
     _features("--features", args.features)
     _features("--val-features", args.val_features)
+    regen_only = {"--self-prompts": args.self_prompts, "--follow-ups": args.follow_ups,
+                  "--answers": args.answers != (0.0,), "--regen-budget-min": args.regen_budget_min}
+    given = [k for k, v in regen_only.items() if v]
+    if given and not args.regenerate:
+        one = len(given) == 1
+        raise EagletError(f"{', '.join(given)} shape{'s' * one} the data --regenerate writes; add --regenerate, "
+                          f"or leave {'it' if one else 'them'} out")
+    if args.train_tokens_per_s and not (args.regenerate and args.time_budget_min):
+        raise EagletError("--train-tokens-per-s only splits a --time-budget-min between --regenerate and training; "
+                          "add both, or leave it out")
+    _follow_ups(args)
+
+
+def _follow_ups(args: Namespace) -> None:
+    if args.follow_ups and 0.0 not in args.answers:
+        given = ",".join(f"{t:g}" for t in args.answers)
+        raise EagletError(f"--follow-ups continue the greedy answers, but --answers {given} has no greedy setting; "
+                          "add 'greedy' to --answers")
 
 
 def _draft_import(args: Namespace) -> None:

@@ -74,10 +74,10 @@ def _split(args) -> str | None:
 
 
 def _regen_config(args):
-    from eaglet.train.pipeline import RegenConfig
+    from eaglet.data.sources import RegenConfig
 
-    return RegenConfig(args.regen_batch_size, args.max_new_tokens, args.temperature, args.top_p,
-                       args.max_prompt_tokens, args.max_samples, args.max_val_samples, args.seed)
+    return RegenConfig(args.regen_batch_size, args.max_new_tokens, args.answers, args.top_p, args.max_prompt_tokens,
+                       args.max_samples, args.max_val_samples, args.self_prompts, args.follow_ups, args.seed)
 
 
 def cmd_data(args) -> int:
@@ -96,18 +96,25 @@ def cmd_data(args) -> int:
     dev = dist.device
     if args.data_command == "regenerate":
         from eaglet.data.prompts import load_conversations
-        from eaglet.data.regenerate import claim_output, regen_settings, regenerate
+        from eaglet.data.regenerate import claim_output, discard, regen_settings
+        from eaglet.data.sources import answer_sources, side_file
         from eaglet.train.pipeline import sampled_prompts
 
         rc = _regen_config(args)
         convs = sampled_prompts(load_conversations(args.data, _split(args)), rc)
         out = Path(args.out)
-        claim_output(out, regen_settings(args.target, rc.params()), restart=args.restart)  # before loading
+        claim_output(out, regen_settings(args.target, rc.params(), rc.answers), restart=args.restart)  # before loading
+        if args.restart:
+            for kind in ("self-prompts", "follow-ups"):
+                discard(side_file(out, kind))
         deadline = time.time() + 60 * args.time_budget_min if args.time_budget_min else None
         target = _load_for_training(args, dev)
-        stats = regenerate(target, convs, out, rc.params(), rc.batch_size, rc.max_prompt_tokens,
-                           seed=args.seed, deadline=deadline)
-        print(json.dumps({"out": args.out, **vars(stats)}))
+        stats = answer_sources(target, convs, out, rc, (lambda _: time.time() >= deadline) if deadline else None,
+                               claim_fix="pass another --out, or --restart to start over")
+        print(json.dumps({"out": args.out, **{k: sum(getattr(s, k) for s in stats)
+                                              for k in ("done_before", "written", "too_long", "tokens")},
+                          "stopped_early": any(s.stopped_early for s in stats),
+                          "seconds": round(sum(s.seconds for s in stats), 1)}))
         return 0
     import torch
 
@@ -132,7 +139,8 @@ def cmd_train(args) -> int:
                       epochs=args.epochs, max_steps=args.max_steps, batch_tokens=args.batch_tokens,
                       max_len=args.max_len, draft_vocab_size=args.draft_vocab_size, capture_points=args.capture,
                       save_every=args.save_every, val_every=args.val_every, seed=args.seed,
-                      autocast=False if args.no_autocast else None, tensorboard=args.tensorboard)
+                      autocast=False if args.no_autocast else None, tensorboard=args.tensorboard,
+                      aux_norm=args.aux_norm, aux_noise=args.aux_noise, earlier_turns=not args.target_turns_only)
     regen = _regen_config(args) if args.regenerate else None
     if _tp_job(args, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
         from eaglet.parallel.commands import train_tp
@@ -144,7 +152,7 @@ def cmd_train(args) -> int:
     budget = 60 * args.time_budget_min if args.time_budget_min else None
     regen_budget = 60 * args.regen_budget_min if args.regen_budget_min else None
     result = run_train(target, args.data, Path(args.out), cfg, dist, regen, args.features, args.val_features,
-                       args.val_fraction, budget, regen_budget, start)
+                       args.val_fraction, budget, regen_budget, start, args.train_tokens_per_s)
     if dist.main:
         result.pop("config")
         print(json.dumps({"draft": str(Path(args.out) / "draft"), **result}))

@@ -11,7 +11,7 @@ installed with ``--no-deps``; none of them is imported, only located with
 
 and writes, under ``eaglet/data/corpus/``:
 
-- ``smollm2_prompts.jsonl.gz``  one prompt a line: ``{"messages", "source", "split", "category"}``
+- ``smollm2_prompts.jsonl.xz``  one prompt a line: ``{"messages", "source", "split", "category"}``
 - ``bench_prompts.jsonl``       80 validation prompts for benchmarks
 - ``README.md``                 sources, licenses, counts, how to rebuild
 
@@ -24,11 +24,11 @@ outputs are byte-for-byte reproducible for the same installed packages:
 
 from __future__ import annotations
 
-import gzip
+import hashlib
 import importlib.metadata
 import importlib.util
-import io
 import json
+import lzma
 import random
 import re
 from collections import Counter, defaultdict
@@ -39,11 +39,8 @@ from corpus_readme import write_readme
 from corpus_settings import (
     BENCH_NAME,
     BENCH_PER_GROUP,
-    CAP_PER_EVAL,
-    CHITCHAT_WINDOW_TURNS,
+    CHITCHAT_VAL_FRACTION,
     CORPUS_NAME,
-    HUMAN_EVAL_TEMPLATE,
-    MAX_CHARS,
     MIN_VAL_ASCII_FRACTION,
     MIN_VAL_EVAL_PROMPTS,
     NON_MIT_EVAL_DIRS,
@@ -52,6 +49,7 @@ from corpus_settings import (
     VAL_CAP_PER_EVAL,
     VAL_EVALS_PER_CATEGORY,
 )
+from corpus_sources import key_of, read_chitchat, read_evals, read_human_eval, usable
 
 # ---------------------------------------------------------------- locating packages
 
@@ -105,165 +103,12 @@ def non_mit_eval_dirs() -> set[str]:
     return dirs
 
 
-# ---------------------------------------------------------------- prompt normalisation
-
-
-def _merge_same_role(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    out: list[dict[str, str]] = []
-    for m in messages:
-        if out and out[-1]["role"] == m["role"]:
-            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n\n" + m["content"]}
-        else:
-            out.append(dict(m))
-    return out
-
-
-def normalize_eval_input(inp: object) -> list[dict[str, str]] | None:
-    """Turn an evals ``input`` into ``[system?] (user|assistant)* user``, or None.
-
-    - a string is one user message;
-    - ``name: example_user|example_assistant`` (few-shot examples sent as
-      system messages) become user/assistant turns;
-    - the leading system messages are kept, merged into one;
-    - a later system message is an instruction to the model and becomes a
-      user turn; with no user turn at all, everything is one user message;
-    - consecutive turns of one role are merged; trailing assistant turns dropped.
-    """
-    if isinstance(inp, str):
-        raw = [{"role": "user", "content": inp}]
-    elif isinstance(inp, list):
-        raw = inp
-    else:
-        return None
-    msgs: list[dict[str, str]] = []
-    for m in raw:
-        if not isinstance(m, dict):
-            return None
-        role, content, name = m.get("role"), m.get("content"), m.get("name")
-        if not isinstance(content, str) or role not in ("system", "user", "assistant"):
-            return None
-        if name == "example_user":
-            role = "user"
-        elif name == "example_assistant":
-            role = "assistant"
-        content = content.strip()
-        if content:
-            msgs.append({"role": role, "content": content})
-    if not msgs:
-        return None
-    if not any(m["role"] == "user" for m in msgs):
-        return [{"role": "user", "content": "\n\n".join(m["content"] for m in msgs)}]
-    n_lead = 0
-    while n_lead < len(msgs) and msgs[n_lead]["role"] == "system":
-        n_lead += 1
-    head = _merge_same_role(msgs[:n_lead])
-    rest = [{"role": "user" if m["role"] == "system" else m["role"], "content": m["content"]} for m in msgs[n_lead:]]
-    out = head + _merge_same_role(rest)
-    while out and out[-1]["role"] != "user":
-        out.pop()
-    if not out or out[-1]["role"] != "user":
-        return None
-    return out
-
-
-def usable(messages: list[dict[str, str]] | None) -> bool:
-    if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
-        return False
-    return sum(len(m["content"]) for m in messages) <= MAX_CHARS
-
-
-def key_of(messages: list[dict[str, str]]) -> str:
-    return json.dumps(messages, ensure_ascii=False, sort_keys=True)
-
-
-# ---------------------------------------------------------------- sources
-
-
-def read_evals(data_dir: Path, excluded: set[str], rng: random.Random) -> dict[str, list]:
-    """{eval folder name: up to CAP_PER_EVAL distinct usable prompts}."""
-    per_eval: dict[str, list] = {}
-    stats: Counter = Counter()
-    for eval_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
-        name = eval_dir.name
-        if name in excluded:
-            stats["evals excluded (license)"] += 1
-            continue
-        seen: set[str] = set()
-        prompts: list[list[dict[str, str]]] = []
-        for path in sorted(eval_dir.rglob("*.jsonl")):
-            with open(path, "rb") as fh:
-                if fh.read(64).startswith(b"version https://git-lfs"):
-                    stats["git-lfs pointer files skipped"] += 1
-                    continue
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    if not isinstance(obj, dict):
-                        continue
-                    msgs = normalize_eval_input(obj.get("input"))
-                    if not usable(msgs):
-                        continue
-                    k = key_of(msgs)
-                    if k not in seen:
-                        seen.add(k)
-                        prompts.append(msgs)
-        if not prompts:
-            stats["evals without usable prompts"] += 1
-            continue
-        if len(prompts) > CAP_PER_EVAL:
-            prompts = rng.sample(prompts, CAP_PER_EVAL)
-        per_eval[name] = prompts
-    for k, v in sorted(stats.items()):
-        print(f"  evals: {k}: {v}")
-    return per_eval
-
-
-def read_chitchat(path: Path, rng: random.Random) -> list[list[dict[str, str]]]:
-    """Openings (first turn) plus one multi-turn window per conversation."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    out: list[list[dict[str, str]]] = []
-    for conv_id in sorted(data):
-        turns: list[tuple[str, str]] = []  # (sender, text), consecutive senders merged
-        for group in data[conv_id].get("messages", []):
-            texts = [u.get("text", "").strip() for u in group if isinstance(u, dict)]
-            text = "\n".join(t for t in texts if t)
-            if not text or not group:
-                continue
-            sender = group[0].get("sender")
-            if turns and turns[-1][0] == sender:
-                turns[-1] = (sender, turns[-1][1] + "\n" + text)
-            else:
-                turns.append((sender, text))
-        if not turns:
-            continue
-        out.append([{"role": "user", "content": turns[0][1]}])
-        if len(turns) >= 3:
-            end = rng.randrange(2, len(turns))  # the final (user) turn
-            n = rng.choice(CHITCHAT_WINDOW_TURNS)
-            start = max(end - n + 1, end % 2)  # odd length so it opens with a user turn
-            window = turns[start : end + 1]
-            out.append(
-                [
-                    {"role": "user" if (end - start - i) % 2 == 0 else "assistant", "content": t}
-                    for i, (_, t) in enumerate(window)
-                ]
-            )
-    return out
-
-
-def read_human_eval(path: Path) -> list[list[dict[str, str]]]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        problems = [json.loads(line) for line in fh if line.strip()]
-    return [[{"role": "user", "content": HUMAN_EVAL_TEMPLATE.format(prompt=p["prompt"].strip("\n"))}] for p in problems]
-
-
 # ---------------------------------------------------------------- split, bench, write
+
+
+def _hash_fraction(text: str) -> float:
+    """A stable number in [0, 1) for ``text`` (which conversations are held back)."""
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) / 2**32
 
 
 def ascii_fraction(prompts: list[list[dict[str, str]]]) -> float:
@@ -320,13 +165,12 @@ def pick_bench(val_rows: list[dict], rng: random.Random) -> list[dict]:
     return [{"messages": r["messages"], "category": r["category"], "source": r["source"]} for r in bench]
 
 
-def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
-    buf = io.BytesIO()
-    # filename="" and mtime=0 keep the gzip header free of names and dates (reproducible bytes)
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
-        for row in rows:
-            gz.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
-    path.write_bytes(buf.getvalue())
+def write_jsonl_xz(path: Path, rows: list[dict]) -> None:
+    """xz (LZMA) rather than gzip: its window spans a whole eval, so the system prompts that
+    an eval repeats on every line cost once (3.2 MB against gzip's 9.0 MB for this corpus).
+    The xz container holds no names or dates: the same rows give the same bytes."""
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    path.write_bytes(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -344,8 +188,9 @@ def main() -> None:
     excluded = non_mit_eval_dirs()
 
     print(f"reading evals from {evals_dir}")
-    per_eval = read_evals(evals_dir, excluded, random.Random(rng.randrange(2**32)))
-    print(f"  {len(per_eval)} evals with usable prompts, {sum(map(len, per_eval.values()))} prompts")
+    per_eval, extras = read_evals(evals_dir, excluded, random.Random(rng.randrange(2**32)))
+    print(f"  {len(per_eval)} evals with usable prompts, {sum(map(len, per_eval.values()))} prompts "
+          f"(+{sum(map(len, extras.values()))} more for training)")
     chitchat = read_chitchat(chitchat_path, random.Random(rng.randrange(2**32)))
     human_eval = read_human_eval(human_eval_path)
     val_evals = pick_val_evals(per_eval, random.Random(rng.randrange(2**32)))
@@ -361,6 +206,8 @@ def main() -> None:
         seen.add(k)
         dest.append({"messages": msgs, "source": source, "split": split, "category": cat})
 
+    # The pool of the first corpus (issue 3) is built exactly as it was, so its validation
+    # prompts and the bench stay the same; issue 12's additions come after it.
     val_rng = random.Random(rng.randrange(2**32))
     for name, prompts in sorted(per_eval.items()):
         split = "val" if name in val_evals else "train"
@@ -368,9 +215,13 @@ def main() -> None:
             prompts = val_rng.sample(prompts, VAL_CAP_PER_EVAL)
         for msgs in prompts:
             add(train if split == "train" else val, msgs, f"evals/{name}", split, category_of_eval(name))
-    for msgs in chitchat:
-        if usable(msgs):
+    held_out = {c for c, _, _ in chitchat if _hash_fraction(c) < CHITCHAT_VAL_FRACTION}
+    chitchat_rows: dict[str, list[dict]] = {}  # conversation id -> its prompts in train
+    for conv, msgs, extra in chitchat:
+        if not extra and usable(msgs):
+            n = len(train)
             add(train, msgs, "chitchat", "train", "chat")
+            chitchat_rows.setdefault(conv, []).extend(train[n:])
     for msgs in human_eval:
         add(val, msgs, "human-eval", "val", "code")
 
@@ -379,13 +230,36 @@ def main() -> None:
     val = [r for r in val if r["messages"][-1]["content"] not in train_last]
     print(f"  dropped {n_val - len(val)} val prompts whose last user message is also in train")
 
+    # Issue 12: more prompts per training eval, more chitchat windows, and whole chitchat
+    # conversations held back for validation ("chitchat-heldout").
+    val_last = {r["messages"][-1]["content"] for r in val}
+    moved = [r for c in sorted(held_out) for r in chitchat_rows.get(c, [])]
+    moved_ids = {id(r) for r in moved}
+    train = [r for r in train if id(r) not in moved_ids]
+    for name in sorted(extras):
+        if name not in val_evals:
+            for msgs in extras[name]:
+                if msgs[-1]["content"] not in val_last:
+                    add(train, msgs, f"evals/{name}", "train", category_of_eval(name))
+    for conv, msgs, extra in chitchat:
+        if extra and conv not in held_out and usable(msgs) and msgs[-1]["content"] not in val_last:
+            add(train, msgs, "chitchat", "train", "chat")
+    heldout: list[dict] = [{**r, "source": "chitchat-heldout", "split": "val"} for r in moved]
+    for conv, msgs, extra in chitchat:
+        if extra and conv in held_out and usable(msgs):
+            add(heldout, msgs, "chitchat-heldout", "val", "chat")
+    train_last = {r["messages"][-1]["content"] for r in train}
+    heldout = [r for r in heldout if r["messages"][-1]["content"] not in train_last]
+    print(f"  held back {len(heldout)} chitchat prompts of {len(held_out)} whole conversations for validation")
+
     random.Random(rng.randrange(2**32)).shuffle(train)
-    rows = train + val
+    rows = train + val + heldout
     bench = pick_bench(val, random.Random(rng.randrange(2**32)))
+    val += heldout
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     corpus_path = OUT_DIR / CORPUS_NAME
-    write_jsonl_gz(corpus_path, rows)
+    write_jsonl_xz(corpus_path, rows)
     write_jsonl(OUT_DIR / BENCH_NAME, bench)
     write_readme(OUT_DIR / "README.md", rows, bench, val_evals, licenses, excluded, corpus_path.stat().st_size)
 

@@ -5,9 +5,11 @@ A line is one JSON object in the OpenAI ``messages`` form or the ShareGPT
 Optional fields: ``id`` (else a hash of the messages), ``split`` (``train``/``val``),
 ``source``, ``finish_reason`` (``length`` marks an answer cut at max_new_tokens),
 ``answer_ids`` (the target's own token ids of the last assistant message, as
-``data regenerate`` writes them: training then reads exactly what the target produced).
+``data regenerate`` writes them: training then reads exactly what the target produced),
+``target_turns`` (how many of the last assistant messages the target wrote; default 1 for a
+record with ``answer_ids``, else 0: unknown).
 Malformed lines are skipped and counted, and the count is printed; a dataset with no
-usable line is one clear error. ``.jsonl.gz`` files are read transparently.
+usable line is one clear error. ``.jsonl.gz`` and ``.jsonl.xz`` files are read transparently.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import lzma
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ from eaglet.chat import as_messages
 from eaglet.errors import EagletError
 
 BUILTIN = "builtin"
-CORPUS = Path(__file__).resolve().parent / "corpus" / "smollm2_prompts.jsonl.gz"
+CORPUS = Path(__file__).resolve().parent / "corpus" / "smollm2_prompts.jsonl.xz"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Conversation:
     source: str | None = None
     truncated: bool = False  # the last assistant answer was cut at the length limit
     answer_ids: tuple[int, ...] | None = None  # the target's token ids of the last assistant message
+    target_turns: int = 0  # the last this-many assistant messages are the target's own (0: unknown)
 
     @property
     def has_answer(self) -> bool:
@@ -78,9 +82,13 @@ def parse_record(record: object) -> Conversation:
         if not isinstance(answer_ids, list) or not all(isinstance(t, int) and t >= 0 for t in answer_ids):
             raise ValueError("answer_ids must be a list of non-negative token ids")
         answer_ids = tuple(answer_ids)
+    target_turns = record.get("target_turns", 1 if answer_ids is not None else 0)
+    if not isinstance(target_turns, int) or not 0 <= target_turns <= sum(m["role"] == "assistant" for m in msgs):
+        raise ValueError("target_turns must count some of the conversation's assistant messages")
     return Conversation(id=str(rid) if isinstance(rid, (str, int)) else conversation_id(msgs), messages=msgs,
                         split=split, source=record.get("source"),
-                        truncated=record.get("finish_reason") == "length", answer_ids=answer_ids)
+                        truncated=record.get("finish_reason") == "length", answer_ids=answer_ids,
+                        target_turns=target_turns)
 
 
 def read_jsonl(path: str | Path) -> tuple[list[Conversation], int]:
@@ -88,7 +96,7 @@ def read_jsonl(path: str | Path) -> tuple[list[Conversation], int]:
     path = Path(path)
     if not path.is_file():
         raise EagletError(f"data file {path} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     out: list[Conversation] = []
     bad, first_bad, n_lines = 0, None, 0
     try:

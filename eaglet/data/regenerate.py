@@ -6,6 +6,13 @@ turn) are chat-templated, sorted by length into batches (so a batch pads little)
 decoded with ``PlainGenerator``; the batches run in a seeded random order, so a run cut
 short by a time budget still holds a uniform sample of the data.
 
+Several answers per prompt: ``temperatures`` lists the settings (0 = greedy); each answer
+is its own record, with the prompt's id for the greedy answer and ``<id>~t<T>`` for the
+answer sampled at temperature ``T`` (``answer_id``), so every setting resumes on its own.
+A batch draws from a seed of its own (the run's seed and its first id), and batches are
+formed the same way whether or not some are done, so a resumed run writes the answers an
+uninterrupted one would have.
+
 Resumable: each finished batch is appended to the output JSONL with one write (one line
 per record) and flushed. The generation settings are recorded beside it in
 ``OUT.meta.json``; a rerun with the same settings skips the ids already answered in any of
@@ -21,7 +28,9 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -42,23 +51,37 @@ PREFILL_TOKENS = 131072  # a batch of long prompts is halved until its padded pr
 @dataclass
 class RegenStats:
     done_before: int = 0  # records already in the output files
+    tokens_before: int = 0  # their prompt and answer tokens
     written: int = 0
     too_long: int = 0  # prompts over max_prompt_tokens, skipped
     stopped_early: bool = False  # the deadline came first
     tokens: int = 0  # completion tokens written this run
+    prompt_tokens: int = 0  # and the prompt tokens of those records
     seconds: float = 0.0
 
 
-def regen_settings(target: str, params: SamplingParams) -> dict:
+def regen_settings(target: str, params: SamplingParams, temperatures: tuple[float, ...] | None = None) -> dict:
     """What makes the answers of two runs interchangeable: the target and the sampling settings."""
     path = Path(target).expanduser()
+    temps = list(temperatures or (params.temperature,))
     return {"target": str(path.resolve()) if path.exists() else target, "max_new_tokens": params.max_new_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "seed": None if params.greedy else params.seed}  # greedy answers do not depend on the seed
+            "temperature": temps if len(temps) > 1 else temps[0], "top_p": params.top_p, "top_k": params.top_k,
+            "seed": params.seed if any(temps) else None}  # greedy answers do not depend on the seed
+
+
+def answer_id(prompt_id: str, temperature: float) -> str:
+    """The record id of one answer: the prompt's own id when greedy, ``<id>~t<T>`` when sampled."""
+    return prompt_id if temperature == 0 else f"{prompt_id}~t{temperature:g}"
 
 
 def meta_path(out: Path) -> Path:
     return out.with_name(out.name + ".meta.json")
+
+
+def discard(out: Path) -> None:
+    """Remove an output file and its recorded settings (--restart)."""
+    out.unlink(missing_ok=True)
+    meta_path(out).unlink(missing_ok=True)
 
 
 def claim_output(out: Path, settings: dict, restart: bool = False,
@@ -70,8 +93,7 @@ def claim_output(out: Path, settings: dict, restart: bool = False,
     """
     meta = meta_path(out)
     if restart:
-        out.unlink(missing_ok=True)
-        meta.unlink(missing_ok=True)
+        discard(out)
     recorded = None
     if meta.is_file():
         try:
@@ -91,98 +113,126 @@ def claim_output(out: Path, settings: dict, restart: bool = False,
         write_atomic(meta, json.dumps(settings, indent=1))
 
 
-def finished_ids(paths: list[Path]) -> set[str]:
-    """Ids already answered in ``paths``. A last line without its newline (a crash mid-write) is
-    completed when it is a whole JSON record and dropped when it is not."""
-    done: set[str] = set()
-    for p in paths:
-        if not p.is_file():
+def whole_records(path: Path) -> list[dict]:
+    """The JSON objects of an appended JSONL file (none when it does not exist). A last line
+    without its newline (a crash mid-write) is completed when it is a whole JSON record and
+    dropped when it is not, so the next append starts on a line of its own."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut < len(data):
+        try:
+            json.loads(data[cut:])
+            whole = True
+        except ValueError:
+            whole = False
+        with open(path, "r+b") as fh:
+            if whole:
+                fh.seek(0, 2)
+                fh.write(b"\n")
+            else:
+                fh.truncate(cut)
+        if not whole:
+            note(f"dropped a partial last line of {path} (an interrupted write)")
+        cut = len(data) if whole else cut
+    out = []
+    for line in data[:cut].decode("utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
             continue
-        data = p.read_bytes()
-        cut = data.rfind(b"\n") + 1
-        if cut < len(data):
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def finished_ids(paths: list[Path]) -> tuple[set[str], int]:
+    """(ids already answered in ``paths``, their prompt + answer tokens)."""
+    done: set[str] = set()
+    tokens = 0
+    for p in paths:
+        for rec in whole_records(p):
             try:
-                json.loads(data[cut:])
-                whole = True
-            except ValueError:
-                whole = False
-            with open(p, "r+b") as fh:
-                if whole:
-                    fh.seek(0, 2)
-                    fh.write(b"\n")
-                else:
-                    fh.truncate(cut)
-            if not whole:
-                note(f"dropped a partial last line of {p} (an interrupted write)")
-            cut = len(data) if whole else cut
-        for line in data[:cut].decode("utf-8").splitlines():
-            try:
-                conv = parse_record(json.loads(line))
+                conv = parse_record(rec)
             except (ValueError, TypeError, AttributeError):
                 continue
             if conv.messages[-1]["role"] == "assistant":  # a prompt without its answer is not done
                 done.add(conv.id)
-    return done
+                tokens += int(rec.get("prompt_tokens") or 0) + int(rec.get("completion_tokens") or 0)
+    return done, tokens
 
 
 def regenerate(target: Target, prompts: list[Conversation], out: Path, params: SamplingParams,
                batch_size: int = 256, max_prompt_tokens: int = 1024, seed: int = 0,
-               deadline: float | None = None, also_done: list[Path] = (), progress: bool = True,
-               claim_fix: str = "pass another --out, or --restart to start over") -> RegenStats:
+               stop_when: Callable[[int], bool] | None = None, also_done: list[Path] = (), progress: bool = True,
+               claim_fix: str = "pass another --out, or --restart to start over",
+               temperatures: tuple[float, ...] | None = None, greedy_only: bool = False) -> RegenStats:
     """Answer every prompt not yet in ``out`` (or ``also_done``) and append the records to ``out``.
 
     ``out`` must be new or an earlier run's with the same settings (``claim_output``).
+    ``temperatures``: one answer per prompt at each (0 = greedy; default: ``params.temperature``);
+    ``greedy_only`` answers at the first of them alone, greedy when listed (validation prompts:
+    scored as greedy serving sees them, and alike whatever the training settings).
+    ``stop_when(tokens)`` is asked before each batch with the prompt + answer tokens in the
+    output so far (earlier runs included); True stops the run there (a time budget).
     """
     if batch_size < 1:
         raise EagletError(f"the batch size must be >= 1, got {batch_size}")
     start = time.perf_counter()
     stats = RegenStats()
-    claim_output(out, regen_settings(target.name, params), fix=claim_fix)
-    done = finished_ids([out, *also_done])
-    todo = [c for c in prompts if c.id not in done]
-    stats.done_before = len(prompts) - len(todo)
+    temps = tuple(temperatures or (params.temperature,))
+    claim_output(out, regen_settings(target.name, params, temps), fix=claim_fix)
+    done, stats.tokens_before = finished_ids([out, *also_done])
+    asked = ((0.0,) if 0.0 in temps else temps[:1]) if greedy_only else temps
     tok = target.tokenizer
-    encoded = []
-    for c, ids in zip(todo, _encode_prompts(tok, todo)):
-        if len(ids) > max_prompt_tokens:
-            stats.too_long += 1
-        else:
-            encoded.append((c, ids))
-    if stats.too_long:
-        note(f"skipped {stats.too_long} prompts longer than --max-prompt-tokens {max_prompt_tokens}")
-    encoded.sort(key=lambda x: len(x[1]))
-    batches = _batches(encoded, batch_size)
+    encoded = _encode_prompts(tok, prompts)
+    long = [len(ids) > max_prompt_tokens for ids in encoded]
+    # Batches are formed from every job, done or not, so a resumed run decodes the same batches
+    # (sampled answers depend on their batch) and skips the finished ones.
+    batches = []  # (temperature, rows): a batch decodes at one setting
+    for t in asked:
+        items = [(replace(c, id=answer_id(c.id, t)), ids) for c, ids, skip in zip(prompts, encoded, long) if not skip]
+        items.sort(key=lambda x: len(x[1]))
+        batches += [(t, b) for b in _batches(items, batch_size)]
     random.Random(seed).shuffle(batches)
+    stats.done_before = sum(c.id in done for _, b in batches for c, _ in b)
+    stats.too_long = sum(answer_id(c.id, t) not in done for t in asked for c, skip in zip(prompts, long) if skip)
+    if stats.too_long:
+        note(f"skipped {stats.too_long} answers to prompts longer than --max-prompt-tokens {max_prompt_tokens}")
     window = target.config.max_position_embeddings
     generators: dict[int, PlainGenerator] = {}
-    bar = tqdm(total=len(encoded), desc="regenerate", unit="prompt", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=sum(len(b) for _, b in batches) - stats.done_before, desc="regenerate", unit="answer",
+               disable=not progress, dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
-        for batch in batches:
+        for temp, whole in batches:
+            batch = [(c, ids) for c, ids in whole if c.id not in done]
+            if not batch:
+                continue
             if stop:
                 bar.close()
                 raise Interrupted(f"{stats.written} answers were added to {out} this run and every finished "
                                   "batch is kept; run the same command again to resume")
-            if deadline is not None and time.time() >= deadline:
+            if stop_when is not None and stop_when(stats.tokens_before + stats.prompt_tokens + stats.tokens):
                 stats.stopped_early = True
                 break
             longest = max(len(ids) for _, ids in batch)
-            cap = min(window, -(-(longest + params.max_new_tokens + 1) // CAPACITY_STEP) * CAPACITY_STEP)
-            if cap <= longest:
+            gen = generator_for(target, generators, longest, params.max_new_tokens)
+            if gen is None:
                 raise EagletError(f"a prompt of {longest} tokens leaves no room in the model's {window}-token window")
-            if cap not in generators:
-                # No torch.compile: every (capacity, batch) shape would compile (minutes with
-                # autotuning), and at hundreds of rows a step is no longer launch-bound anyway.
-                generators[cap] = PlainGenerator(target, cap, compile=False)
-            outs = generators[cap].generate([ids for _, ids in batch], params)
+            batch_seed = zlib.crc32(f"{params.seed}:{whole[0][0].id}".encode())  # the batch's own draws
+            outs = gen.generate([ids for _, ids in batch], replace(params, temperature=temp, seed=batch_seed))
             lines = []
             for (c, ids), o in zip(batch, outs):
                 answer = tok.decode(o.tokens, skip_special_tokens=True)
                 lines.append(json.dumps({
                     "id": c.id, "messages": [*c.prompt(), {"role": "assistant", "content": answer}],
-                    "split": c.split, "source": c.source, "finish_reason": o.finish_reason,
+                    "split": c.split, "source": c.source, "temperature": temp, "finish_reason": o.finish_reason,
                     "prompt_tokens": len(ids), "completion_tokens": len(o.tokens), "answer_ids": o.tokens,
+                    **({"target_turns": c.target_turns + 1} if c.target_turns else {}),
                 }, ensure_ascii=False) + "\n")
                 stats.tokens += len(o.tokens)
+                stats.prompt_tokens += len(ids)
             fh.write("".join(lines))  # one write per batch: a crash leaves at most a partial last line
             fh.flush()
             os.fsync(fh.fileno())
@@ -192,6 +242,21 @@ def regenerate(target: Target, prompts: list[Conversation], out: Path, params: S
     bar.close()
     stats.seconds = time.perf_counter() - start
     return stats
+
+
+def generator_for(target: Target, generators: dict[int, PlainGenerator], longest: int,
+                  max_new_tokens: int) -> PlainGenerator | None:
+    """A generator whose KV capacity holds ``longest`` prompt tokens plus the answer (rounded up to
+    CAPACITY_STEP, so few exist), from ``generators`` or new; None when the window leaves no room."""
+    window = target.config.max_position_embeddings
+    cap = min(window, -(-(longest + max_new_tokens + 1) // CAPACITY_STEP) * CAPACITY_STEP)
+    if cap <= longest:
+        return None
+    if cap not in generators:
+        # No torch.compile: every (capacity, batch) shape would compile (minutes with
+        # autotuning), and at hundreds of rows a step is no longer launch-bound anyway.
+        generators[cap] = PlainGenerator(target, cap, compile=False)
+    return generators[cap]
 
 
 def _encode_prompts(tok, convs: list[Conversation], chunk: int = 1024) -> list[list[int]]:

@@ -12,6 +12,10 @@ Inside an answer span the mask keeps tokens up to and including the first end-of
 (a newline the target does not generate, since decoding stops at EOS). An answer cut
 at the length limit keeps no EOS: the target would not have ended there.
 
+Earlier assistant turns are trained on too unless ``earlier_turns`` is off: then only the
+turns the target wrote itself (``Conversation.target_turns``, at least the last) carry loss,
+and the turns a dataset author wrote are context only.
+
 A conversation that carries the target's own ids for its last answer (``answer_ids``,
 written by ``data regenerate``) is assembled as tokens(text before the answer) + those
 ids + tokens(text after it), so training reads exactly the sequence the target produced:
@@ -58,7 +62,8 @@ def answer_spans(tokenizer, messages: Sequence[dict]) -> tuple[str, list[tuple[i
 
 
 def tokenize_conversations(tokenizer, convs: Sequence[Conversation], eos_ids: set[int],
-                           max_len: int | None = None, chunk: int = 512) -> list[Tokenized | None]:
+                           max_len: int | None = None, chunk: int = 512,
+                           earlier_turns: bool = True) -> list[Tokenized | None]:
     """Tokenized conversations (None where nothing of an answer fits in ``max_len`` tokens).
 
     Texts are tokenized in chunks of ``chunk`` through the fast tokenizer's batched call.
@@ -70,6 +75,8 @@ def tokenize_conversations(tokenizer, convs: Sequence[Conversation], eos_ids: se
         enc = tokenizer([t for p in pieces for t in p[0]], add_special_tokens=False, return_offsets_mapping=True)
         k = 0
         for c, (texts, spans) in zip(part, pieces):
+            keep = len(spans) if earlier_turns else max(c.target_turns, 1)
+            spans = [(0, 0)] * (len(spans) - keep) + spans[len(spans) - keep:]  # an empty span masks nothing
             if len(texts) == 1:  # re-encode the whole text
                 ids, offsets = enc["input_ids"][k], enc["offset_mapping"][k]
                 mask = _mask(ids, offsets, spans, eos_ids, c.truncated)

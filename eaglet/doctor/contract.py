@@ -7,7 +7,9 @@ exception. Each item below is one line of evidence:
 - capture points: declared (eaglet block, with its convention, and/or SGLang's
   ``eagle_config.eagle_aux_hidden_state_layer_ids``), in range for this target, and the
   two declarations agree when both are present;
-- ``fc`` reads ``k x`` the target's hidden size; hidden size, vocabulary and layer count
+- ``fc`` reads ``k x`` the target's hidden size, through the per-point RMSNorm
+  (``aux_norm.weight``, ``k*H``) exactly when the config declares ``eaglet.aux_norm``;
+  hidden size, vocabulary and layer count
   recorded with the draft match the target's;
 - the draft vocabulary: ``target id = i + d2t[i]`` is in range and injective, and ``t2d``
   marks exactly those ids;
@@ -196,7 +198,8 @@ def check_contract(target: Target, draft_path: Path, features: str | None, dtype
     if res.declared is not None:
         fc = shapes.get("fc.weight")
         chk.lines.append(f"points {list(res.declared.points)} (eaglet convention; {sglang_ids(res.declared)}) of "
-                         f"0..{n}; fc {fc[1] if fc else '?'} = {res.declared.k} x {target.config.hidden_size}")
+                         f"0..{n}; fc {fc[1] if fc else '?'} = {res.declared.k} x {target.config.hidden_size}"
+                         + ("; each point RMS-normalised first (aux_norm)" if "aux_norm.weight" in shapes else ""))
     elif res.assumed is not None:
         chk.lines.append(f"no usable declaration: later checks assume EAGLE-3's default {list(res.assumed.points)}")
     chk.lines.append(f"draft vocabulary {vocab['draft_vocab_size']} of {target.config.vocab_size}; tokenizer "
@@ -217,6 +220,15 @@ def _sizes(cfg: dict, shapes: dict, spec: CaptureSpec | None, target: Target, ch
         k = fc[1] / hidden
         chk.flag(FAIL, f"fc reads {fc[1]} features but {spec.k} points x hidden {hidden} = {spec.k * hidden}"
                        + (f" (fc fits {int(k)} points)" if k.is_integer() else ""))
+        ok = False
+    declared, norm = bool((cfg.get("eaglet") or {}).get("aux_norm")), shapes.get("aux_norm.weight")
+    if declared != (norm is not None):
+        chk.flag(FAIL, "the config declares eaglet.aux_norm but the weights hold no aux_norm.weight" if declared
+                 else "the weights hold aux_norm.weight but the config does not declare eaglet.aux_norm: serving "
+                      "would skip the norm the draft was trained with")
+        ok = False
+    elif norm is not None and fc is not None and list(norm) != [fc[1]]:
+        chk.flag(FAIL, f"aux_norm.weight has shape {list(norm)}; fc reads {fc[1]} features")
         ok = False
     t_hidden = cfg.get("target_hidden_size") or cfg.get("hidden_size")
     if t_hidden is not None and int(t_hidden) != hidden:

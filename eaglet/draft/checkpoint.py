@@ -3,8 +3,10 @@
 ``config.json`` carries SGLang/SpecForge's keys (``architectures:
 ["LlamaForCausalLMEagle3"]``, ``draft_vocab_size``, ``target_hidden_size``,
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` in their "output of layer i"
-convention) and an ``eaglet`` block with the CaptureSpec in our point convention and
-the target's identity. Weights are safetensors shards of at most 16 MiB (so a draft
+convention) and an ``eaglet`` block with the CaptureSpec in our point convention,
+the target's identity and ``aux_norm`` when the draft normalises its captured points
+before ``fc`` (``aux_norm.weight``; other engines know no such tensor, so such a draft
+runs in eaglet only). Weights are safetensors shards of at most 16 MiB (so a draft
 travels through size-limited channels), with ``d2t``/``t2d`` beside them.
 
 Import never guesses capture points: a draft with no ids is an error, and when both
@@ -52,7 +54,8 @@ def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
             "use_aux_hidden_state": True,
             "eagle_aux_hidden_state_layer_ids": c.capture.to_ids("sglang") if 0 not in c.capture.points else None,
         },
-        "eaglet": {"capture": c.capture.to_json(), "target": target or {}},
+        "eaglet": {"capture": c.capture.to_json(), "target": target or {},
+                   **({"aux_norm": True} if c.aux_norm else {})},
     }
 
 
@@ -147,8 +150,11 @@ def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         target_hidden_size=cfg.get("target_hidden_size"),
+        aux_norm=bool((cfg.get("eaglet") or {}).get("aux_norm")),
     )
     state = _read_tensors(path)
+    if "aux_norm.weight" in state and not c.aux_norm:  # never serve without a norm the draft was trained with
+        raise EagletError(f"{path} holds aux_norm.weight but its config.json does not declare eaglet.aux_norm")
     state.pop("embed_tokens.weight", None)  # some exporters duplicate the target's embedding
     with torch.device(device):
         draft = Eagle3Draft(c)

@@ -8,6 +8,12 @@ over a reduced draft vocabulary. Each later step reads the draft's own pre-norm
 output hidden state in place of ``g``, at position ``t + step``.
 
 Token embeddings are the target's (frozen, passed in, never stored with the draft).
+
+Optionally (``aux_norm``, an eaglet extension) each captured point is RMS-normalised with
+a learned weight of its own before ``fc``: the points of a small target carry massive
+activations (SmolLM2: one channel near 25,000 against a median of 4-11), which otherwise
+go into ``fc`` as they are. The norm is part of ``fuse``, so training and serving apply
+the same one, and the checkpoint declares it (``eaglet.aux_norm``).
 Attention sees the draft's KV either through a KVCache (inference: chains and trees)
 or through ``past`` lists of earlier steps' K/V (training-time test, differentiable).
 """
@@ -42,6 +48,7 @@ class DraftConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     target_hidden_size: int | None = None  # defaults to hidden_size
+    aux_norm: bool = False  # RMS-normalise each captured point before fc (PointNorm)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -54,13 +61,14 @@ class DraftConfig:
         return self.target_hidden_size or self.hidden_size
 
     @classmethod
-    def for_target(cls, t: ModelConfig, capture: CaptureSpec, draft_vocab_size: int) -> DraftConfig:
+    def for_target(cls, t: ModelConfig, capture: CaptureSpec, draft_vocab_size: int,
+                   aux_norm: bool = False) -> DraftConfig:
         """A draft shaped like one layer of the target (EAGLE-3's choice)."""
         return cls(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_heads=t.num_heads,
                    num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, vocab_size=t.vocab_size,
                    draft_vocab_size=min(draft_vocab_size, t.vocab_size), capture=capture,
                    rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
-                   max_position_embeddings=t.max_position_embeddings)
+                   max_position_embeddings=t.max_position_embeddings, aux_norm=aux_norm)
 
     def rope_config(self) -> ModelConfig:
         return ModelConfig("llama", self.vocab_size, self.hidden_size, self.intermediate_size, 1,
@@ -110,6 +118,20 @@ class DraftMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class PointNorm(nn.Module):
+    """RMSNorm of each of the k captured points separately: [..., k*H] -> [..., k*H]."""
+
+    def __init__(self, k: int, hidden: int, eps: float):
+        super().__init__()
+        self.k, self.eps = k, eps
+        self.weight = nn.Parameter(torch.ones(k * hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pts = x.float().unflatten(-1, (self.k, -1))  # [..., k, H]
+        pts = pts * torch.rsqrt(pts.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (pts.flatten(-2) * self.weight.float()).to(x.dtype)
+
+
 class DraftLayer(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
@@ -125,6 +147,7 @@ class Eagle3Draft(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
         self.config = c
+        self.aux_norm = PointNorm(c.capture.k, c.target_hidden, c.rms_norm_eps) if c.aux_norm else None
         self.fc = nn.Linear(c.capture.k * c.target_hidden, c.hidden_size, bias=False)
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -141,6 +164,8 @@ class Eagle3Draft(nn.Module):
                 n.weight.fill_(1.0)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        if self.aux_norm is not None:
+            aux = self.aux_norm(aux)
         return self.fc(aux)  # [B, T, k*H] -> [B, T, H]
 
     def forward(self, hidden: torch.Tensor, emb: torch.Tensor, meta: AttnMeta,

@@ -1,10 +1,12 @@
 """From prompts to an exported draft in one call: regenerate, tokenize, train.
 
 ``run_train`` is what ``eaglet train`` runs. With ``regen`` set, the target first
-answers the prompts (validation prompts first, so a time budget never leaves the run
-without validation data) into ``out/regenerated*.jsonl``; then the conversations are
-tokenized once (cached in ``out/tokens-{train,val}.safetensors``, shared by DDP ranks
-and resumed runs) and the trainer runs on what the remaining time allows.
+writes the training data (``eaglet.data.sources``: its own prompts, answers at every
+setting, validation prompts first so a time budget never leaves the run without
+validation data, second turns) into ``out/regenerated*.jsonl``, for as long as
+``eaglet.train.budget`` allows; then the conversations are tokenized once (cached in
+``out/tokens-{train,val}.safetensors``, shared by DDP ranks and resumed runs) and the
+trainer runs on what the remaining time allows.
 """
 
 from __future__ import annotations
@@ -12,35 +14,23 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from eaglet.data.dataset import TokenData
 from eaglet.data.features import FeatureSet
 from eaglet.data.prompts import BUILTIN, Conversation, load_conversations, note, split_train_val
-from eaglet.data.regenerate import regenerate
+from eaglet.data.sources import RegenConfig, answer_sources
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
-from eaglet.sampling import SamplingParams
-from eaglet.train.dist import SINGLE_PROCESS, DistInfo, barrier
+from eaglet.train.budget import BudgetSplit, mark_done, regen_done
+from eaglet.train.dist import SINGLE_PROCESS, DistInfo, any_rank, barrier
 from eaglet.train.trainer import TrainConfig, Trainer
 
-
-@dataclass(frozen=True)
-class RegenConfig:
-    batch_size: int = 256
-    max_new_tokens: int = 384
-    temperature: float = 0.0  # greedy: the data tokens are the target's own argmax choices
-    top_p: float = 1.0
-    max_prompt_tokens: int = 1024
-    max_samples: int | None = None  # cap on training prompts
-    max_val_samples: int | None = None
-    seed: int = 0
-
-    def params(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, 0, self.max_new_tokens, self.seed)
+ANSWER_FILE = re.compile(r"regenerated(-\d+)?\.jsonl")  # not the prompt files of regeneration's stages
 
 
 def eos_ids(target: Target) -> set[int]:
@@ -80,32 +70,44 @@ def sampled_prompts(convs: list[Conversation], rc: RegenConfig) -> list[Conversa
                                                             rc.max_samples, rc.seed)
 
 
+def answer_files(out: Path) -> list[Path]:
+    return sorted(p for p in out.glob("regenerated*.jsonl") if ANSWER_FILE.fullmatch(p.name))
+
+
 def regenerate_run(target: Target, data: str, out: Path, rc: RegenConfig, dist: DistInfo,
-                   deadline: float | None, val_fraction: float, progress: bool = True) -> str:
-    """Regenerate answers for ``data``'s prompts into ``out``; returns the comma-joined output files."""
+                   stop_when: Callable[[int], bool] | None, val_fraction: float, progress: bool = True) -> str:
+    """Regenerate the training data for ``data``'s prompts into ``out``; returns the comma-joined answer files.
+
+    ``stop_when(tokens)``: the time budget (``BudgetSplit.stopper``) or None.
+    """
+    done = regen_done(out)
+    if done is not None:
+        if dist.main:
+            note(f"regeneration ended on an earlier run's time budget ({done.get('answers')} answers); training on "
+                 f"that data (remove {out / 'regenerated.done.json'} to regenerate more)")
+        return ",".join(str(p) for p in answer_files(out))
     train, val = split_train_val(load_conversations(data), val_fraction)
     name = "regenerated.jsonl" if dist.world == 1 else f"regenerated-{dist.rank}.jsonl"
-    others = [p for p in out.glob("regenerated*.jsonl") if p.name != name]
-    # Validation first: a time budget then cuts training data, never the validation set.
-    for split, convs, cap in (("val", val, rc.max_val_samples), ("train", train, rc.max_samples)):
-        # Records without a split of their own get this one, so training reads it back.
-        prompts = [c if c.split else Conversation(c.id, c.messages, split, c.source)
-                   for c in capped(convs, cap, rc.seed)]
-        stats = regenerate(target, prompts[dist.rank:: dist.world], out / name, rc.params(), rc.batch_size,
-                           rc.max_prompt_tokens, seed=rc.seed, deadline=deadline, also_done=others,
-                           progress=progress and dist.main, claim_fix="pass another --out")
-        if dist.main:
-            note(f"regenerated {stats.written} {split} answers ({stats.tokens} tokens) in {stats.seconds:.0f} s; "
-                 f"{stats.done_before} were done before" + ("; stopped by the time budget" * stats.stopped_early))
+    others = [p for p in answer_files(out) if p.name != name]
+    # Records without a split of their own get this one, so training reads it back.
+    prompts = [c if c.split else Conversation(c.id, c.messages, split, c.source)
+               for split, convs, cap in (("val", val, rc.max_val_samples), ("train", train, rc.max_samples))
+               for c in capped(convs, cap, rc.seed)]
+    stats = answer_sources(target, prompts, out / name, rc, stop_when, others, progress and dist.main,
+                           shard=(dist.rank, dist.world))
+    stopped = any_rank(any(s.stopped_early for s in stats), dist)
     barrier(dist)
-    return ",".join(str(p) for p in sorted(out.glob("regenerated*.jsonl")))
+    if stopped and dist.main:
+        mark_done(out, {"answers": sum(s.done_before + s.written for s in stats), "stopped_by_budget": True})
+    return ",".join(str(p) for p in answer_files(out))
 
 
-def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: int, dist: DistInfo) -> TokenData:
+def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: int, dist: DistInfo,
+              earlier_turns: bool = True) -> TokenData:
     """Tokenize (rank 0, cached by content) and load on every rank."""
-    h = hashlib.sha256(f"{target.tokenizer_hash}:{max_len}".encode())
+    h = hashlib.sha256(f"{target.tokenizer_hash}:{max_len}:{earlier_turns}".encode())
     for c in convs:
-        h.update(json.dumps([c.messages, c.truncated, c.answer_ids], ensure_ascii=False).encode())
+        h.update(json.dumps([c.messages, c.truncated, c.answer_ids, c.target_turns], ensure_ascii=False).encode())
     key = h.hexdigest()[:16]
     if dist.main:
         cached = None
@@ -117,7 +119,8 @@ def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: in
                 cached = None
         if cached is None:
             t0 = time.perf_counter()
-            items = tokenize_conversations(target.tokenizer, convs, eos_ids(target), max_len)
+            items = tokenize_conversations(target.tokenizer, convs, eos_ids(target), max_len,
+                                           earlier_turns=earlier_turns)
             kept = [t for t in items if t is not None]
             if len(kept) < len(items):
                 note(f"{len(items) - len(kept)} conversations have no answer token within --max-len {max_len}")
@@ -132,16 +135,23 @@ def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: in
 def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: DistInfo = SINGLE_PROCESS,
               regen: RegenConfig | None = None, features: str | None = None, val_features: str | None = None,
               val_fraction: float = 0.02, time_budget_s: float | None = None,
-              regen_budget_s: float | None = None, start: float | None = None) -> dict:
-    """Budgets count from ``start`` (default: now), e.g. the command's own start, target loading included."""
+              regen_budget_s: float | None = None, start: float | None = None,
+              train_tokens_per_s: float | None = None) -> dict:
+    """Budgets count from ``start`` (default: now), e.g. the command's own start, target loading included.
+
+    With ``regen`` and a budget, regeneration stops as ``BudgetSplit`` says (``regen_budget_s``
+    caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure).
+    """
     start = start or time.time()
     deadline = start + time_budget_s if time_budget_s else None
     out.mkdir(parents=True, exist_ok=True)
     if regen is not None:
-        if regen_budget_s is None and time_budget_s:
-            regen_budget_s = time_budget_s / 2
-        regen_deadline = start + regen_budget_s if regen_budget_s else None
-        data = regenerate_run(target, data, out, regen, dist, regen_deadline, val_fraction, cfg.progress)
+        stop_when = None
+        if time_budget_s or regen_budget_s:
+            split = BudgetSplit(time_budget_s or float("inf"), cfg.epochs, regen_budget_s=regen_budget_s,
+                                **({"train_tokens_per_s": train_tokens_per_s} if train_tokens_per_s else {}))
+            stop_when = split.stopper(start)
+        data = regenerate_run(target, data, out, regen, dist, stop_when, val_fraction, cfg.progress)
     elif data == BUILTIN:  # the CLI refuses this before loading; here for callers of run_train
         raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
     convs = [c for c in load_conversations(data) if c.has_answer]
@@ -153,12 +163,12 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
         raise EagletError(f"{data} holds no training conversations (all are in the val split)")
     max_len = cfg.seq_len(target.config.max_position_embeddings)
     train_src = FeatureSet(features) if features else tokenized(target, train_convs, out / "tokens-train.safetensors",
-                                                                max_len, dist)
+                                                                max_len, dist, cfg.earlier_turns)
     val_src = None
     if val_features:
         val_src = FeatureSet(val_features)
     elif val_convs:
-        val_src = tokenized(target, val_convs, out / "tokens-val.safetensors", max_len, dist)
+        val_src = tokenized(target, val_convs, out / "tokens-val.safetensors", max_len, dist, cfg.earlier_turns)
     if dist.main:
         note(f"training on {len(train_src)} conversations ({sum(train_src.lengths)} tokens), validating on "
              f"{len(val_src) if val_src is not None else 0}")

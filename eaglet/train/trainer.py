@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,8 @@ from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
-from eaglet.train.inputs import Featurizer, StepInputs, no_cudnn_attention
+from eaglet.train.evaluate import score, unroll
+from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
 from eaglet.train.ttt import TTTLoss
@@ -60,6 +61,9 @@ class TrainConfig:
     autocast: bool | None = None  # bf16 autocast; None: on CUDA only
     tensorboard: bool = False
     init_from_target: bool = True  # start the LM head from the target's rows for the draft vocabulary
+    aux_norm: bool = False  # RMS-normalise each captured point before fc (stored in the draft)
+    aux_noise: float = 0.0  # uniform noise in [-aux_noise, aux_noise] on the captured points, training only
+    earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -71,6 +75,7 @@ class TrainConfig:
                   (self.batch_tokens >= 16, "--batch-tokens must be >= 16"),
                   (self.max_len is None or self.max_len >= 8, "--max-len must be >= 8"),
                   (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
+                  (self.aux_noise >= 0, "--aux-noise must be >= 0"),
                   (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
                   (self.save_every >= 1 and self.val_every >= 1, "--save-every and --val-every must be >= 1")]
         for ok, msg in checks:
@@ -115,10 +120,10 @@ class Trainer:
         dev = dist.device
         with torch.random.fork_rng(devices=[]), torch.device(dev):
             torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
-            self.draft = Eagle3Draft(DraftConfig.for_target(tc, self.capture, size))
+            self.draft = Eagle3Draft(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm))
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
-                        "ttt_steps": cfg.ttt_steps}
+                        "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {})}
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step, self.epoch, self.batch_pos = 0, 0, 0
@@ -179,8 +184,7 @@ class Trainer:
     # --- loop ----------------------------------------------------------------------------
 
     def _forward(self, inp: StepInputs, model: torch.nn.Module):
-        with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.autocast), no_cudnn_attention():
-            return model(inp.aux, inp.emb, inp.ids, inp.mask, inp.target_logp, inp.target_top)
+        return unroll(model, inp, self.autocast)
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         b = length_batches(self.train_src.lengths, self.cfg.batch_tokens, self.cfg.seed, epoch)
@@ -209,6 +213,8 @@ class Trainer:
                         break
                     t0 = time.perf_counter()
                     inp = self.train_feats(batches[self.batch_pos])
+                    if cfg.aux_noise:  # EAGLE's feature noise: the draft learns to read imperfect features
+                        inp = replace(inp, aux=inp.aux + (torch.rand_like(inp.aux) * 2 - 1) * cfg.aux_noise)
                     lr = lr_at(cfg, self.step, self.total, (now - start) / span if span else 0.0)
                     for g in self.opt.param_groups:
                         g["lr"] = lr
@@ -276,11 +282,10 @@ class Trainer:
     @torch.no_grad()
     def _validate(self, log: RunLog | None) -> tuple[dict, float]:
         t0 = time.perf_counter()
-        d, total = self.dist, torch.zeros(self.cfg.ttt_steps, 3, device=self.dist.device, dtype=torch.float64)
+        d = self.dist
         batches = length_batches(self.val_src.lengths, self.cfg.batch_tokens, self.cfg.seed)
-        for rows in batches[d.rank:: d.world]:
-            _, stats = self._forward(self.val_feats(rows), self.loss)
-            total += stats.double()
+        total = score(self.val_feats, batches[d.rank:: d.world], lambda inp: self._forward(inp, self.loss),
+                      self.cfg.ttt_steps, d.device)
         row = summarize(all_sum(total, d), self.cfg.decay)
         row.update(step=self.step, split="val")
         if log is not None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 from pathlib import Path
 
 import pytest
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "eaglet" / "data" / "corpus"
-CORPUS = CORPUS_DIR / "smollm2_prompts.jsonl.gz"
+CORPUS = CORPUS_DIR / "smollm2_prompts.jsonl.xz"
 BENCH = CORPUS_DIR / "bench_prompts.jsonl"
 ROLES = {"system", "user", "assistant"}
 
@@ -28,7 +28,7 @@ def _check_messages(messages: object) -> None:
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    with gzip.open(CORPUS, "rt", encoding="utf-8") as fh:
+    with lzma.open(CORPUS, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
 
 
@@ -44,7 +44,7 @@ def test_corpus_loads_and_is_well_formed(rows: list[dict]) -> None:
         assert set(row) == {"messages", "source", "split", "category"}
         assert row["split"] in ("train", "val")
         assert isinstance(row["category"], str) and row["category"]
-        assert row["source"] in ("chitchat", "human-eval") or row["source"].startswith("evals/")
+        assert row["source"] in ("chitchat", "chitchat-heldout", "human-eval") or row["source"].startswith("evals/")
         _check_messages(row["messages"])
 
 
@@ -65,6 +65,7 @@ def test_val_is_not_empty(rows: list[dict]) -> None:
     val = [r for r in rows if r["split"] == "val"]
     assert len(val) >= 500
     assert sum(r["source"] == "human-eval" for r in val) == 164
+    assert sum(r["source"] == "chitchat-heldout" for r in val) > 300  # held-back chat beside the unseen evals
     assert len({r["source"] for r in val if r["source"].startswith("evals/")}) >= 10
 
 

@@ -39,26 +39,40 @@ def doctor_target_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def trained_draft(doctor_target_dir, tmp_path_factory) -> Path:
-    """A draft trained for 250 steps on 400 greedy answers of the target, reading POINTS."""
+def _train_draft(target_dir: Path, out: Path, sampled: tuple[float, ...] = (), **options) -> Path:
+    """A draft trained for 250 steps on 400 greedy answers of the target (plus, per temperature in
+    ``sampled``, 350 sampled ones: several answers per prompt), reading POINTS."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        target = load_tiny(doctor_target_dir)
+        target = load_tiny(target_dir)
         ids = [encode_chat(target.tokenizer, list(p.messages)) for p in prompts(400, seed=5)]
         gen = PlainGenerator(target, 256)
-        answers = []
-        for i in range(0, len(ids), 200):
-            answers += [c.tokens for c in gen.generate(ids[i: i + 200], SamplingParams(max_new_tokens=48))]
-        out = tmp_path_factory.mktemp("doctor-run")
+        answers = {}
+        for temp in (0.0, *sampled):
+            params = SamplingParams(temperature=temp, max_new_tokens=48, seed=1)
+            answers[temp] = [c.tokens for i in range(0, len(ids), 200) for c in gen.generate(ids[i: i + 200], params)]
+        train_ids = [p for _ in answers for p in ids[50:]]
+        train = answer_data(train_ids, [a for temp in answers for a in answers[temp][50:]])
         cfg = TrainConfig(max_steps=250, ttt_steps=3, lr=3e-3, warmup_steps=10, batch_tokens=1024, epochs=100,
-                          val_every=250, save_every=250, capture_points=POINTS, progress=False)
-        res = Trainer(cfg, target, answer_data(ids[50:], answers[50:]), answer_data(ids[:50], answers[:50]), out).run()
+                          val_every=250, save_every=250, capture_points=POINTS, progress=False, **options)
+        res = Trainer(cfg, target, train, answer_data(ids[:50], answers[0.0][:50]), out).run()
         assert res["val"]["acc_0"] > 0.35, res["val"]
     finally:
         torch.set_num_threads(n)
     return out / "draft"
+
+
+@pytest.fixture(scope="session")
+def trained_draft(doctor_target_dir, tmp_path_factory) -> Path:
+    return _train_draft(doctor_target_dir, tmp_path_factory.mktemp("doctor-run"))
+
+
+@pytest.fixture(scope="session")
+def recipe_draft(doctor_target_dir, tmp_path_factory) -> Path:
+    """A draft of the new recipe: greedy and sampled answers, captured points RMS-normalised, feature noise."""
+    return _train_draft(doctor_target_dir, tmp_path_factory.mktemp("recipe-run"), sampled=(1.0,), aux_norm=True,
+                        aux_noise=0.05)
 
 
 @pytest.fixture(scope="session")

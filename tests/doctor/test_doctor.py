@@ -19,6 +19,7 @@ from eaglet.doctor.run import run_doctor
 from eaglet.doctor.samples import answer_data
 from eaglet.doctor.tp import check_tp
 from eaglet.draft.checkpoint import load_draft
+from eaglet.errors import EagletError
 from eaglet.loading.target import tokenizer_hash
 from eaglet.parallel.check import TPReport, judge
 from eaglet.speculative import verify as spec_verify
@@ -83,6 +84,37 @@ def test_a_correct_setup_passes_every_check(doctor_target_dir, trained_draft, do
     assert search[0]["points"] == list(POINTS) and search[0]["acc_0"] == max(s["acc_0"] for s in search)
     online = rep["checks"][3]["evidence"]
     assert online["tau_pred"] > 1.5 and online["identical_to_plain"] == online["prompts"] == 16
+
+
+def test_a_draft_of_the_new_recipe_passes(doctor_target_dir, recipe_draft, doctor_prompts, tmp_path, capsys):
+    """Sampled answers beside greedy ones, aux_norm and feature noise: the doctor still passes it, and
+    it names the norm; a norm the config does not declare (or declares without weights) fails."""
+    code = main(["doctor", "--target", str(doctor_target_dir), "--draft", str(recipe_draft), "--prompts",
+                 str(doctor_prompts), *CLI])
+    text = capsys.readouterr().out
+    assert code == 0 and "verdict: PASS" in text and "RMS-normalised first (aux_norm)" in text, text
+    target = load_tiny(doctor_target_dir)
+    undeclared = copy_draft(recipe_draft, tmp_path / "undeclared", lambda cfg: cfg["eaglet"].pop("aux_norm"))
+    assert "does not declare eaglet.aux_norm" in " ".join(
+        check_contract(target, undeclared, None, torch.float32, "cpu").check.problems)
+    with pytest.raises(EagletError, match="does not declare eaglet.aux_norm"):
+        load_draft(undeclared, LAYERS)
+    no_weights = _without_norm_weights(recipe_draft, tmp_path)
+    assert "weights hold no aux_norm.weight" in " ".join(
+        check_contract(target, no_weights, None, torch.float32, "cpu").check.problems)
+
+
+def _without_norm_weights(recipe_draft, tmp_path):
+    """A copy of the recipe draft (its config still declaring aux_norm) without the aux_norm.weight tensor."""
+    out = copy_draft(recipe_draft, tmp_path / "no-norm-weights")
+    for f in out.glob("model-*.safetensors"):
+        t = load_file(str(f))
+        t.pop("aux_norm.weight", None)
+        save_file(t, str(f), metadata={"format": "pt"})
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index["weight_map"].pop("aux_norm.weight", None)
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
 
 
 def _declare(points):

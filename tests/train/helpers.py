@@ -8,7 +8,9 @@ so loss-mask code is tested on two template styles.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,32 @@ def tiny_target_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target(tiny_target_dir) -> Target:
     return load_tiny(tiny_target_dir)
+
+
+def interrupt_on_call(monkeypatch, owner, name: str, call: int, times: int = 1, sig=signal.SIGINT) -> None:
+    """Send ``sig`` ``times`` times to this process at the end of the ``call``-th call of ``owner.name``."""
+    original, calls = getattr(owner, name), [0]
+
+    def wrapped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == call:
+            for _ in range(times):
+                os.kill(os.getpid(), sig)
+        return out
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def answers_end_after(monkeypatch, n: int) -> None:
+    """Every generated answer ends (finish_reason "stop") after ``n`` tokens: the tiny random target
+    seldom writes its end-of-turn token, and some stages only continue answers that ended."""
+    from eaglet.generate import StopChecker
+
+    original = StopChecker.check
+
+    def check(self, tokens, n_new=1):
+        keep = original(self, tokens, n_new)
+        return keep if keep is not None or len(tokens) < n else len(tokens)
+
+    monkeypatch.setattr(StopChecker, "check", check)

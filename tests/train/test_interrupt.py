@@ -4,29 +4,13 @@ done is saved, the exit status is 130, and the same command resumes without losi
 from __future__ import annotations
 
 import json
-import os
 import signal
 
 import torch
 
 from eaglet.cli import main
 from eaglet.data.features import FeatureSet
-from tests.train.helpers import prompts, write_jsonl
-
-
-def _interrupt_on_call(monkeypatch, owner, name: str, call: int, times: int = 1, sig=signal.SIGINT) -> None:
-    """Send ``sig`` ``times`` times to this process at the end of the ``call``-th call of ``owner.name``."""
-    original, calls = getattr(owner, name), [0]
-
-    def wrapped(*args, **kwargs):
-        out = original(*args, **kwargs)
-        calls[0] += 1
-        if calls[0] == call:
-            for _ in range(times):
-                os.kill(os.getpid(), sig)
-        return out
-
-    monkeypatch.setattr(owner, name, wrapped)
+from tests.train.helpers import interrupt_on_call, prompts, write_jsonl
 
 
 def _answered(tmp_path, n: int):
@@ -55,7 +39,7 @@ def test_train_interrupted_resumes_from_the_interrupted_step(tiny_target_dir, tm
 
     run = tmp_path / "run"
     with monkeypatch.context() as m:
-        _interrupt_on_call(m, Trainer, "_forward", call=5)  # during step 5
+        interrupt_on_call(m, Trainer, "_forward", call=5)  # during step 5
         assert main([*args, "--out", str(run)]) == 130
     err = capsys.readouterr().err
     assert "training stopped at step 5 of 12" in err and "run the same command again" in err
@@ -87,12 +71,12 @@ def test_regenerate_interrupted_keeps_finished_batches_and_resumes(tiny_target_d
 
     args, out = _regen_args(tiny_target_dir, tmp_path, 14)
     with monkeypatch.context() as m:
-        _interrupt_on_call(m, regen.PlainGenerator, "generate", call=1)
+        interrupt_on_call(m, regen.PlainGenerator, "generate", call=1)
         assert main(args) == 130
     assert "4 answers were added" in capsys.readouterr().err
     assert len(_ids(out)) == 4  # the batch running at Ctrl-C was finished and written
     with monkeypatch.context() as m:  # a second Ctrl-C stops at once, in the middle of a batch
-        _interrupt_on_call(m, regen.PlainGenerator, "generate", call=1, times=2)
+        interrupt_on_call(m, regen.PlainGenerator, "generate", call=1, times=2)
         assert main(args) == 130
     assert len(_ids(out)) == 4 and out.read_text().endswith("\n")
     assert main(args) == 0
@@ -109,7 +93,7 @@ def test_capture_interrupted_keeps_finished_shards_and_resumes(tiny_target_dir, 
     assert main([*args, "--out", str(tmp_path / "reference")]) == 0
     out = tmp_path / "features"
     with monkeypatch.context() as m:
-        _interrupt_on_call(m, features, "_capture_shard", call=1, sig=signal.SIGTERM)  # as a scheduler stops a job
+        interrupt_on_call(m, features, "_capture_shard", call=1, sig=signal.SIGTERM)  # as a scheduler stops a job
         assert main([*args, "--out", str(out)]) == 130
     assert "1 of 3 feature shards" in capsys.readouterr().err
     assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.safetensors"]

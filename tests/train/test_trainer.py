@@ -130,3 +130,26 @@ def test_prompts_without_answers_are_refused(tiny_target, tmp_path):
         run_train(tiny_target, str(src), tmp_path / "run", TrainConfig(**FAST))
     with pytest.raises(EagletError, match="add --regenerate"):
         run_train(tiny_target, "builtin", tmp_path / "run", TrainConfig(**FAST))
+
+
+def test_scores_per_source_add_up_to_the_validation(tiny_target, regenerated, tmp_path):
+    from dataclasses import replace
+
+    from eaglet.data.prompts import load_conversations, split_train_val
+    from eaglet.train.dist import SINGLE_PROCESS
+    from eaglet.train.evaluate import evaluate_sources
+    from eaglet.train.pipeline import eos_ids, tokenized
+
+    train, val = split_train_val(load_conversations(regenerated / "regenerated.jsonl"), 0.15)
+    cfg = TrainConfig(max_steps=5, **FAST)
+    max_len = cfg.seq_len(tiny_target.config.max_position_embeddings)
+    data = {name: tokenized(tiny_target, convs, tmp_path / f"{name}.safetensors", max_len, SINGLE_PROCESS)
+            for name, convs in (("train", train), ("val", val))}
+    trainer = Trainer(cfg, tiny_target, data["train"], data["val"], tmp_path)
+    res = trainer.run()
+    val = [replace(c, source="a" if i % 2 else "b") for i, c in enumerate(val)]
+    rows = evaluate_sources(tiny_target, trainer.draft, val, eos_ids(tiny_target), cfg.ttt_steps, cfg.decay,
+                            max_len=max_len)
+    assert rows["all"]["positions"] == res["val"]["positions"] == rows["a"]["positions"] + rows["b"]["positions"]
+    for j in range(cfg.ttt_steps):
+        assert rows["all"][f"acc_{j}"] == pytest.approx(res["val"][f"acc_{j}"], abs=1e-5)

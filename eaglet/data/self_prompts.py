@@ -1,0 +1,153 @@
+"""User turns the target writes itself: Magpie-style prompts and second turns of a conversation.
+
+An aligned chat model given only the chat template's text up to where a user's message
+would begin (for ChatML ``<|im_start|>user\\n``, after the template's default system
+message when it adds one) writes a plausible user message and ends it with its
+end-of-turn token (Magpie, arXiv 2406.08464). No data package is needed, and the prompts
+are the kind the target was tuned on. The same prefix after a conversation the target
+has answered gives that conversation's next user turn (``follow_up_jobs``).
+
+A written turn is kept when it ended on its own (not cut at ``max_new_tokens``) and its
+text has ``min_chars..max_chars`` characters; a Magpie prompt also when it is no duplicate
+(case and spacing ignored) of a kept one (a second turn such as "Thanks!" may recur).
+Kept turns are appended to a prompt JSONL (one write per batch, settings in its
+``.meta.json`` as for answers), and a dropped one as ``{"id", "dropped": why}``, so a
+rerun skips every id tried before. Sampling is seeded per batch from the batch's first
+id (identical contexts in two batches still draw different turns), and batches are formed
+from all jobs whether done or not: a resumed run writes what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from eaglet.data.prompts import Conversation, note, parse_record
+from eaglet.data.regenerate import claim_output, generator_for, whole_records
+from eaglet.errors import EagletError
+from eaglet.generate import PlainGenerator
+from eaglet.interrupt import Interrupted, stop_on_signal
+from eaglet.loading.target import Target
+from eaglet.sampling import SamplingParams
+
+SELF_SOURCE = "self"  # the source name of Magpie-style prompts
+_SENTINEL = "\ue000eaglet-user-turn\ue000"
+
+
+@dataclass(frozen=True)
+class TurnConfig:
+    """How the target writes user turns (the defaults of --self-prompts and --follow-ups)."""
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_new_tokens: int = 256  # a user turn cut here is dropped
+    min_chars: int = 12
+    max_chars: int = 2000
+    batch_size: int = 256
+    seed: int = 0
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, 0, self.max_new_tokens, self.seed)
+
+
+def user_prefix(tokenizer, messages: list[dict]) -> str:
+    """The template's text of ``messages`` followed by the opening of a new user turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise EagletError("the target's tokenizer has no chat template; eaglet needs one to write user turns")
+    text = tokenizer.apply_chat_template([*messages, {"role": "user", "content": _SENTINEL}], tokenize=False)
+    cut = text.find(_SENTINEL)
+    if cut < 0:
+        raise EagletError("the chat template does not render a user message's text, so the target cannot be "
+                          "asked to write one")
+    return text[:cut]
+
+
+def _key(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnConfig, kind: str,
+                stop_when: Callable[[], bool] | None = None, progress: bool = True, dedupe: bool = True) -> int:
+    """For each job (its id, split and source, and the messages so far) whose id is not yet in ``out``:
+    the target writes the next user turn; kept turns are appended as prompt records. Returns how many
+    were kept this run. ``kind`` names the run in ``out``'s recorded settings."""
+    claim_output(out, {"target": str(target.name), "kind": kind, **{k: v for k, v in vars(cfg).items()
+                                                                    if k != "batch_size"}},
+                 fix="pass another --out")
+    tried = whole_records(out)
+    done = {str(r.get("id")) for r in tried}
+    seen = {_key(c.messages[-1]["content"]) for c in _kept(tried)}
+    tok = target.tokenizer
+    generators: dict[int, PlainGenerator] = {}
+    kept = 0
+    bar = tqdm(total=sum(c.id not in done for c in jobs), desc=kind, unit="turn", disable=not progress,
+               dynamic_ncols=True)
+    with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
+        for lo in range(0, len(jobs), cfg.batch_size):
+            first = jobs[lo].id
+            batch = [c for c in jobs[lo: lo + cfg.batch_size] if c.id not in done]
+            if not batch:
+                continue
+            if stop:
+                bar.close()
+                raise Interrupted(f"{kept} user turns were added to {out} this run; run the same command again "
+                                  "to resume")
+            if stop_when is not None and stop_when():
+                break
+            texts = [user_prefix(tok, list(c.messages)) for c in batch]
+            ids = tok(texts, add_special_tokens=False)["input_ids"]
+            gen = generator_for(target, generators, max(map(len, ids)), cfg.max_new_tokens)
+            outs = gen.generate(ids, replace(cfg.params(), seed=zlib.crc32(f"{cfg.seed}:{first}".encode()))) \
+                if gen is not None else [None] * len(batch)  # conversations too long to continue
+            lines = []
+            for c, o in zip(batch, outs):
+                text = tok.decode(o.tokens, skip_special_tokens=True).strip() if o is not None else ""
+                why = ("too long to continue" if o is None else "cut at max_new_tokens" if o.finish_reason != "stop"
+                       else "length" if not cfg.min_chars <= len(text) <= cfg.max_chars
+                       else "duplicate" if dedupe and _key(text) in seen else None)
+                if why is not None:
+                    lines.append(json.dumps({"id": c.id, "dropped": why}) + "\n")
+                    continue
+                seen.add(_key(text))
+                kept += 1
+                rec = {"id": c.id, "messages": [*c.messages, {"role": "user", "content": text}], "split": c.split,
+                       "source": c.source}
+                if c.target_turns:
+                    rec["target_turns"] = c.target_turns
+                lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+            fh.write("".join(lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+            bar.update(len(batch))
+    bar.close()
+    return kept
+
+
+def self_prompt_jobs(n: int, system: str | None = None) -> list[Conversation]:
+    """``n`` empty conversations (or a system message alone) for Magpie prompts, ids ``self-<i>``."""
+    msgs = ({"role": "system", "content": system},) if system else ()
+    return [Conversation(f"self-{i}", msgs, split="train", source=SELF_SOURCE) for i in range(n)]
+
+
+def follow_up_jobs(answered: list[Conversation]) -> list[Conversation]:
+    """Each answered conversation, to be continued by a second user turn; ids ``<id>+2``."""
+    return [Conversation(f"{c.id}+2", c.messages, c.split, c.source, target_turns=c.target_turns)
+            for c in answered]
+
+
+def _kept(records: list[dict]) -> list[Conversation]:
+    return [parse_record(r) for r in records if "dropped" not in r]
+
+
+def load_written(out: Path) -> list[Conversation]:
+    """The prompt records ``write_turns`` kept in ``out`` (none when it does not exist yet)."""
+    records = whole_records(out)
+    convs = _kept(records)
+    if records:
+        note(f"{len(convs)} of {len(records)} user turns the target wrote are kept in {out.name}")
+    return convs

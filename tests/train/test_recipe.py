@@ -1,0 +1,127 @@
+"""Recipe options: the per-point norm before fc, feature noise, and the budget split of one command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eaglet.capture import CaptureSpec
+from eaglet.cli import main
+from eaglet.data.dataset import TokenData
+from eaglet.data.template import Tokenized
+from eaglet.draft.compat import load_draft_for
+from eaglet.draft.model import PointNorm
+from eaglet.errors import EagletError
+from eaglet.train.budget import BudgetSplit
+from eaglet.train.trainer import TrainConfig, Trainer
+from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, write_jsonl
+
+FAST = dict(ttt_steps=2, lr=3e-3, warmup_steps=2, batch_tokens=256, epochs=20, progress=False)
+
+
+def test_point_norm_normalises_each_point_on_its_own():
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 16), torch.randn(5, 16)
+    a[:, 3] = 25_000.0  # a massive activation in one point must not shrink the other
+    out = PointNorm(2, 16, 1e-6)(torch.cat([a, b], -1))  # [5, 32]
+    rms = out.unflatten(-1, (2, 16)).pow(2).mean(-1).sqrt()  # [5, 2]
+    torch.testing.assert_close(rms, torch.ones(5, 2))
+    torch.testing.assert_close(out[:, 16:], b / b.pow(2).mean(-1, keepdim=True).sqrt())
+
+
+def _data(target, n: int, seed: int) -> TokenData:
+    """Random prompts with made-up answers (the trainer's labels come from the target anyway)."""
+    from eaglet.chat import encode_chat
+
+    items = []
+    for p in prompts(n, seed=seed):
+        ids = encode_chat(target.tokenizer, list(p.messages))
+        ans = target.tokenizer(" the cat sat on the mat", add_special_tokens=False)["input_ids"]
+        items.append(Tokenized(ids + ans, [False] * len(ids) + [True] * len(ans)))
+    return TokenData.from_tokenized(items)
+
+
+def test_aux_norm_is_trained_exported_and_served(tiny_target, tmp_path):
+    train, val = _data(tiny_target, 24, 31), _data(tiny_target, 6, 32)
+    res = Trainer(TrainConfig(max_steps=4, aux_norm=True, **FAST), tiny_target, train, val, tmp_path).run()
+    assert res["steps"] == 4
+    draft, cfg = load_draft_for(tmp_path / "draft", tiny_target)
+    assert cfg["eaglet"]["aux_norm"] is True and draft.aux_norm is not None
+    assert not torch.equal(draft.aux_norm.weight, torch.ones_like(draft.aux_norm.weight))  # it learned
+    aux = torch.randn(1, 3, CaptureSpec.eagle3_default(3).k * tiny_target.config.hidden_size) * 100
+    torch.testing.assert_close(draft.fuse(aux), draft.fuse(aux * 7))  # scale-free: the norm runs in serving
+    # A checkpoint of a run without the norm is not resumed with it.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    Trainer(TrainConfig(max_steps=1, **FAST), tiny_target, train, val, plain).run()
+    with pytest.raises(EagletError, match="other settings"):
+        Trainer(TrainConfig(max_steps=2, aux_norm=True, **FAST), tiny_target, train, val, plain)
+
+
+def test_feature_noise_changes_training_not_validation(tiny_target, tmp_path):
+    train, val = _data(tiny_target, 24, 33), _data(tiny_target, 6, 34)
+    runs = {}
+    for noise in (0.0, 0.5):
+        out = tmp_path / f"noise{noise}"
+        out.mkdir()
+        Trainer(TrainConfig(max_steps=1, val_every=1, aux_noise=noise, **FAST), tiny_target, train, val, out).run()
+        rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        runs[noise] = {r["split"]: r["loss"] for r in rows}
+    assert runs[0.0]["train"] != runs[0.5]["train"]  # the same weights at step 1 see other features
+    assert runs[0.0]["val"] != runs[0.5]["val"]  # (after one step the weights differ: both are logged)
+
+
+def test_budget_split_rule():
+    split = BudgetSplit(budget_s=1200, epochs=4, train_tokens_per_s=100_000)
+    assert split.reserve_s == 120
+    # 10M tokens x 4 epochs x 1.125 padding at 100k/s = 450 s of training.
+    assert split.train_seconds(10_000_000) == pytest.approx(450)
+    assert not split.regen_should_stop(600, 10_000_000)  # 600 + 120 + 450 < 1200
+    assert split.regen_should_stop(640, 10_000_000)  # 640 + 120 + 450 >= 1200
+    assert split.regen_should_stop(0, 30_000_000)  # the data so far already fills the budget
+    explicit = BudgetSplit(budget_s=1200, epochs=4, regen_budget_s=300)
+    assert not explicit.regen_should_stop(299, 10**9) and explicit.regen_should_stop(300, 0)
+
+
+def test_one_command_cut_into_pieces_ends_as_the_uncut_run(tiny_target_dir, tmp_path, monkeypatch, capsys):
+    """`train --regenerate --time-budget-min` with sampled answers, Magpie prompts and second turns, stopped
+    twice while regenerating and once while training: the resumed pieces end with the uncut run's draft."""
+    import eaglet.data.regenerate as regen
+    import eaglet.data.sources as sources
+
+    answers_end_after(monkeypatch, 16)  # second turns continue answers that ended (and 16 bytes make a turn)
+    src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages), "split": "val" if i < 4 else "train",
+                                              "source": "held" if i < 4 else "data"}
+                                             for i, p in enumerate(prompts(12, seed=35))])
+    args = ["train", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src), "--regenerate",
+            "--regen-batch-size", "4", "--max-new-tokens", "20", "--answers", "greedy,1.0", "--self-prompts", "6",
+            "--follow-ups", "0.5", "--time-budget-min", "600", "--train-tokens-per-s", "1e9", "--ttt-steps", "2",
+            "--batch-tokens", "512", "--epochs", "2", "--warmup-steps", "2", "--save-every", "2"]
+    assert main([*args, "--out", str(tmp_path / "uncut")]) == 0
+    run = tmp_path / "cut"
+    for owner, name, call in ((sources, "write_turns", 1), (regen.PlainGenerator, "generate", 3),
+                              (Trainer, "_forward", 3)):
+        with monkeypatch.context() as m:
+            interrupt_on_call(m, owner, name, call)
+            assert main([*args, "--out", str(run)]) == 130
+    assert main([*args, "--out", str(run)]) == 0
+    capsys.readouterr()
+
+    def records(out):
+        return sorted(line for line in (out / "regenerated.jsonl").read_text().splitlines())
+
+    assert records(run) == records(tmp_path / "uncut")
+    ids = [json.loads(line)["id"] for line in records(run)]
+    assert any(i.endswith("~t1") for i in ids) and any("+2" in i for i in ids) and any("self-" in i for i in ids)
+    a = load_draft_for(tmp_path / "uncut" / "draft", _target(tiny_target_dir))[0].state_dict()
+    b = load_draft_for(run / "draft", _target(tiny_target_dir))[0].state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=k)
+
+
+def _target(path):
+    from tests.train.helpers import load_tiny
+
+    return load_tiny(path)
