@@ -1,6 +1,6 @@
 """The eaglet command line: the only place that parses arguments.
 
-eaglet generate | bench | data | train | doctor
+eaglet generate | bench | data | train | doctor | serve
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(sub)
     _add_training_parsers(sub)
     _add_doctor_parser(sub)
+    _add_serve_parser(sub)
     return parser
 
 
@@ -387,9 +388,38 @@ def cmd_doctor(args) -> int:
     return 0 if report.ok else 1
 
 
+# --- eaglet serve: the OpenAI-compatible server (body in eaglet/serve/) ---------------------------------------
+
+
+def _add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)")
+    _add_target(s)
+    s.add_argument("--draft", default="default",
+                   help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=8, help="rows decoded together (the running batch)")
+    s.add_argument("--max-queue", type=int, default=256, help="requests waiting for a row; more are answered 429")
+    s.add_argument("--grace", type=float, default=30.0, help="seconds running requests get after SIGTERM")
+    _add_spec_options(s)
+    _add_engine_options(s)
+
+
+def cmd_serve(args) -> int:
+    from eaglet.serve.server import ServeConfig, serve
+
+    device, dtype = _device_dtype(args)
+    return serve(ServeConfig(target=args.target, draft=args.draft, host=args.host, port=args.port,
+                             max_queue=args.max_queue, max_batch=args.max_batch, grace_s=args.grace, device=device,
+                             dtype=dtype, max_context=args.max_context,
+                             tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
+                             policy=args.policy == "auto"))
+
+
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
 COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
 COMMANDS.update(doctor=cmd_doctor)
+COMMANDS.update(serve=cmd_serve)
 
 
 def main(argv: list[str] | None = None) -> int:
