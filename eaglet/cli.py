@@ -137,11 +137,24 @@ def _add_bench_parser(sub) -> None:
     _add_spec_options(b)
     _add_engine_options(b)
     _add_tp(b)
+    b.add_argument("--endpoint", default=None,
+                   help="measure a running OpenAI-compatible server at this URL instead (streamed chat completions; "
+                        "only --prompts --limit --max-new-tokens --temperature --seed --out apply)")
+    b.add_argument("--concurrency", type=int, default=None, help="with --endpoint: requests in flight at most")
+    b.add_argument("--request-rate", type=float, default=None, help="with --endpoint: Poisson arrivals per second")
+    b.add_argument("--model", default=None, help="with --endpoint: the model name (default: the first listed)")
 
 
 def cmd_bench(args) -> int:
     from eaglet.bench.run import BenchConfig, run_bench
 
+    if args.endpoint:
+        from eaglet.bench.endpoint import EndpointBenchConfig, run_endpoint_bench
+
+        report = run_endpoint_bench(EndpointBenchConfig(
+            args.endpoint, args.out, args.prompts, args.limit, args.model, args.concurrency, args.request_rate,
+            args.max_new_tokens, args.temperature, args.seed))
+        return 1 if report["summary"]["failed"] else 0
     device, dtype = _device_dtype(args)
     cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, out=args.out,
                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
