@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from eaglet.bench.prompts import load_prompts
-from eaglet.bench.report import write_json
+from eaglet.bench.report import save_png, write_json
 from eaglet.errors import EagletError
 
 
@@ -167,11 +167,7 @@ def _png(results: list[Result], summary: dict, out: Path) -> Path:
     b.set(title=f"inter-token latency (median {summary['itl_s']['median']} s)", xlabel="ms", ylabel="chunks")
     fig.suptitle(f"{summary['output_tok_per_s']} output tok/s, {summary['requests']} requests, "
                  f"{summary['failed']} failed")
-    fig.tight_layout()
-    path = out / "report.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, out)
 
 
 def run_endpoint_bench(cfg: EndpointBenchConfig) -> dict:
