@@ -7,9 +7,21 @@ overhead, not bandwidth, bounds a small model's step, and replay removes it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
+
+
+def persistent_compile_cache() -> None:
+    """Keep torch.compile's artifacts under eaglet's cache, so a later process reuses them.
+
+    torch's FX graph and autograd caches are on by default but live in /tmp; an explicit
+    TORCHINDUCTOR_CACHE_DIR wins. Called before the first compile.
+    """
+    from eaglet.loading.target import cache_root
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
 class GraphedStep:

@@ -104,6 +104,9 @@ def decode_step(model, cache, static: bool, compile: bool = False,
         return model.logits(h[:, -1])
 
     if compile:
+        from eaglet.cuda_graph import persistent_compile_cache
+
+        persistent_compile_cache()
         # torch.compile's default mode: per-shape max-autotune took minutes a batch size on an H200.
         print(f"eaglet: compiling the decode step for batch {cache.batch} (first use at this batch size)",
               file=sys.stderr)

@@ -1,3 +1,5 @@
+import os
+
 from tests.conftest import make_hf_model, save_and_load
 
 
@@ -25,3 +27,15 @@ def test_bucket_size_is_a_power_of_two_only_under_graphs():
     assert bucket_size(3, graphs=True) == 4
     assert bucket_size(9, graphs=True) == 16
     assert bucket_size(1, graphs=True) == 1
+
+
+def test_compile_cache_lives_under_eaglets_cache(monkeypatch, tmp_path):
+    from eaglet.cuda_graph import persistent_compile_cache
+
+    monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    persistent_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    persistent_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"  # the user's choice wins

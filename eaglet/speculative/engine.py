@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import torch
 
+from eaglet.cuda_graph import GraphedStep, persistent_compile_cache
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, context_size, decode_step
 from eaglet.loading.target import Target
@@ -138,12 +139,11 @@ class _Iteration:
             return torch.cat([emitted, acc.n_path.view(-1, 1)], dim=1)  # [B, W+1]
 
         if eng.compile:
+            persistent_compile_cache()
             run = torch.compile(run, dynamic=False)
         self._run = run
         self.host = torch.zeros(b, width + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
         if eng.use_graphs:
-            from eaglet.cuda_graph import GraphedStep
-
             # Warm-up and capture run the iteration for real: with every row inactive they
             # commit nothing and only write scratch slots; the state they rewrite is restored.
             saved = [t.clone() for t in (state.seed, state.roots, state.active)]

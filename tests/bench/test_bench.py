@@ -104,21 +104,24 @@ def test_generate_partial_tree_flags(chat_model_dir, draft_dir, capsys):
     assert rc == 2 and "missing: --topk, --num-draft-tokens" in capsys.readouterr().err
 
 
-def test_compile_flag_reaches_the_engine(chat_model_dir, draft_dir, tmp_path, monkeypatch, capsys):
+def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tmp_path, monkeypatch, capsys):
     import eaglet.speculative
     from eaglet.speculative import SpecEngine
 
     asked = []
 
-    class Recording(SpecEngine):  # records the flag, runs eagerly (compiling on CPU would take minutes)
-        def __init__(self, *a, compile=None, **kw):
-            asked.append(compile)
-            super().__init__(*a, compile=False, **kw)
+    class Recording(SpecEngine):  # records the flags, runs eagerly (compiling on CPU would take minutes)
+        def __init__(self, *a, compile=None, adaptive=True, **kw):
+            asked.append((compile, adaptive))
+            super().__init__(*a, compile=False, adaptive=adaptive, **kw)
 
     monkeypatch.setattr(eaglet.speculative, "SpecEngine", Recording)
     common = ["--target", str(chat_model_dir), "--draft", str(draft_dir), "--max-new-tokens", "4"]
     assert main(["generate", *common, "--prompt", "the fox", "--compile"]) == 0
+    assert main(["generate", *common, "--prompt", "the fox", "--no-compile", "--policy", "off"]) == 0
     assert main(["generate", *common, "--prompt", "the fox"]) == 0
-    assert main(["bench", *common, "--methods", "spec", "--limit", "1", "--out", str(tmp_path), "--compile"]) == 0
-    assert asked == [True, False, True]
+    assert main(["bench", *common, "--methods", "spec", "--limit", "1", "--out", str(tmp_path), "--compile",
+                 "--policy", "off"]) == 0
+    assert asked == [(True, True), (False, False), (None, True), (True, False)]  # None: automatic (on with graphs)
+    assert json.loads((tmp_path / "report.json").read_text())["config"]["policy"] is False
     assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_engine"] is True
