@@ -12,6 +12,7 @@ slots at or beyond ``lens`` except the new tokens).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -79,8 +80,7 @@ class KVCache:
         A request joining a running batch is prefilled through such a view into its own
         row, so the buffers a captured graph reads stay the same tensors.
         """
-        view = KVCache.__new__(KVCache)
-        view.capacity = self.capacity
+        view = copy.copy(self)
         view.k = [k[start:stop] for k in self.k]  # [stop-start, n_kv, capacity, D] views
         view.v = [v[start:stop] for v in self.v]
         view.lens = self.lens[start:stop]  # in-place updates reach the whole batch's lens

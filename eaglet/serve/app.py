@@ -135,14 +135,18 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
     async def _events(http: Request, job: Job) -> AsyncIterator:
         """The job's events until its end. A client that leaves (a disconnect seen here, or the
         streaming task cancelled) cancels the job: the scheduler frees its row between steps."""
-        ended = False
+        ended, checked = False, time.monotonic()
         try:
             while True:
                 try:
                     event = await asyncio.wait_for(job.events.get(), 0.25)
                 except asyncio.TimeoutError:
+                    event = None
+                if time.monotonic() - checked > 0.25:  # also while tokens keep coming
                     if await http.is_disconnected():
                         return
+                    checked = time.monotonic()
+                if event is None:
                     continue
                 ended = isinstance(event, (Completion, Failure))
                 yield event

@@ -153,13 +153,22 @@ class Scheduler:
                 and not (s.rows and s.params.seed is not None and not s.params.greedy)
             if joins and not s.free_rows():
                 return None
-            if not joins:
-                if self.rows:
-                    return None  # a different sampling setting waits for the batch to drain
-                self.session = self.engine.session(self.max_batch, req.params)
+            if not joins and self.rows:
+                return None  # a different sampling setting waits for the batch to drain
             self.waiting.popleft()
             self.metrics.queue_depth.set(len(self.waiting))
-            return req
+        if not joins:
+            try:
+                self.session = self.engine.session(self.max_batch, req.params)
+            except Exception as e:  # e.g. no memory for the caches: this request fails, the next may not
+                self._fail(req, e, "opening a batch")
+                return self._next()
+        return req
+
+    def _fail(self, req: Request, e: Exception, where: str) -> None:
+        print(f"eaglet: a request failed while {where}: {e!r}", file=sys.stderr)
+        req.emit(Failure(500, f"internal error: {e}"))
+        self.metrics.requests.labels("error").inc()
 
     def _admit(self) -> None:
         while (req := self._next()) is not None:
@@ -167,11 +176,9 @@ class Scheduler:
             try:
                 [first] = self.session.admit(row, [req.prompt], req.params)
             except Exception as e:  # one request's failure: report it, keep serving
-                print(f"eaglet: request failed while admitting: {e!r}", file=sys.stderr)
                 if row in self.session.rows:
                     self.session.release(row)
-                req.emit(Failure(500, f"internal error: {e}"))
-                self.metrics.requests.labels("error").inc()
+                self._fail(req, e, "admitting")
                 continue
             self.rows[row] = req
             self.metrics.prompt_tokens.inc(len(req.prompt))

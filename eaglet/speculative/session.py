@@ -31,8 +31,15 @@ class SpecSession(Session):
         self.eng, self.dcache, self.state = eng, dcache, state
         eng.policy.start_call(batch)
         self.speculating = eng.policy.tree(batch) is not None
+        self.admissions = 0
 
     def _prefill(self, row: int, prompts: list[list[int]]) -> torch.Tensor:
+        # Each admission is one of the policy's "calls" (the first is the session's own), so
+        # a long-running server batch, whose evidence spans many prompts, is judged after
+        # WINDOW iterations as a series of generate calls is.
+        if self.admissions:
+            self.eng.policy.start_call(self.batch)
+        self.admissions += 1
         if not self.speculating:
             return super()._prefill(row, prompts)
         rows = slice(row, row + len(prompts))

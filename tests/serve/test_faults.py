@@ -130,6 +130,15 @@ def test_client_disconnect_aborts_the_row(gated):
     assert ask(gated).usage.completion_tokens == 8  # the row was freed for the next request
 
 
+def test_non_streamed_client_that_leaves_frees_its_row(gated):
+    gated.engine.delay = 0.02
+    with pytest.raises(httpx.TimeoutException):  # the client gives up and closes the connection
+        httpx.post(f"{gated.url}/v1/completions", json={"model": gated.model, "prompt": "the", "max_tokens": 200},
+                   timeout=0.5)
+    wait_for(lambda: gated.metric('eaglet_requests_total{outcome="aborted"}') == 1)
+    assert gated.metric("eaglet_running_rows") == 0
+
+
 def test_close_rejects_waiting_and_aborts_running_rows(gated):
     (running, box1), (waiting, box2) = one_running_one_waiting(gated)
     gated.scheduler.close(0.0)
