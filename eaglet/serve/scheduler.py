@@ -7,6 +7,11 @@ or a plain step) of every running row, and hands each request its new tokens thr
 asyncio queue. A finished, aborted (client gone) or failed row is released at once and
 its row refilled at the next admission.
 
+Batch size: a batch opens with rows for the requests waiting then (a power of two, at
+most ``max_batch``), so a lone request decodes at batch 1 with batch 1's tree. A full
+batch with requests waiting takes no more rows; once it drains, a larger one opens. An
+empty batch is not kept: the next request opens one sized for the queue at that time.
+
 Sampling rule: rows of one session share temperature, top-p and top-k (the engine's
 iteration is compiled per setting); a request whose setting differs from the running
 batch's waits at the head of the queue until that batch drains, then starts the next
@@ -80,6 +85,7 @@ class Scheduler:
         self.wake = threading.Condition()
         self.session: Session | None = None
         self.rows: dict[int, Request] = {}  # row of the running session -> its request
+        self.growing = False  # the running batch is full with requests waiting: it drains, a larger one opens
         self.accepting = True
         self.deadline: float | None = None  # after close(): running rows are aborted past it
         self.thread = threading.Thread(target=self._work, name="eaglet-engine", daemon=True)
@@ -149,20 +155,24 @@ class Scheduler:
                 return None
             req = self.waiting[0]
             s = self.session
-            joins = s is not None and same_sampling(req.params, s.params) and not req.exclusive \
-                and not (s.rows and s.params.seed is not None and not s.params.greedy)
+            joins = s is not None and bool(s.rows) and not self.growing and not req.exclusive \
+                and same_sampling(req.params, s.params) and not (s.params.seed is not None and not s.params.greedy)
             if joins and not s.free_rows():
+                self.growing = s.batch < self.max_batch  # drain, then open a larger batch
                 return None
             if not joins and self.rows:
-                return None  # a different sampling setting waits for the batch to drain
+                return None  # another sampling setting, or a larger batch, waits for this one to drain
+            size = 1 if req.exclusive else min(self.max_batch, 1 << (len(self.waiting) - 1).bit_length())
             self.waiting.popleft()
             self.metrics.queue_depth.set(len(self.waiting))
         if not joins:
+            self.growing = False
             try:
-                self.session = self.engine.session(self.max_batch, req.params)
+                self.session = self.engine.session(size, req.params)
             except Exception as e:  # e.g. no memory for the caches: this request fails, the next may not
                 self._fail(req, e, "opening a batch")
                 return self._next()
+            self.metrics.batch_rows.set(size)
         return req
 
     def _fail(self, req: Request, e: Exception, where: str) -> None:

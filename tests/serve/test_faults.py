@@ -153,3 +153,20 @@ def test_close_rejects_waiting_and_aborts_running_rows(gated):
     gated.scheduler.join(10)
     assert not gated.scheduler.thread.is_alive()
     assert gated.metric('eaglet_requests_total{outcome="shutdown"}') == 3
+
+
+def test_batch_size_follows_the_queue(served_dirs, one_thread):
+    s = Served(Gated(new_engine(served_dirs)), max_batch=4, max_queue=8)
+    try:
+        (first, _), (second, _) = one_running_one_waiting(s)  # a lone request opened a batch of 1
+        assert s.metric("eaglet_batch_rows") == 1
+        third = background(lambda: ask(s))[0]
+        wait_for(lambda: s.metric("eaglet_queue_depth") == 2)
+        s.engine.gate.set()
+        for t in (first, second, third):
+            t.join(20)
+        assert s.metric("eaglet_batch_rows") == 2  # the full batch drained; the two waiting opened one of 2
+        assert ask(s).usage.completion_tokens == 8 and s.metric("eaglet_batch_rows") == 1
+    finally:
+        s.engine.gate.set()
+        s.stop()

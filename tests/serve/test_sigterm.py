@@ -32,19 +32,20 @@ def test_sigterm_finishes_running_requests_and_exits_0(served_dirs):
         wait_for(up, 120)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         model = client.models.list().data[0].id
-        started = []
 
         def long_stream():
             chunks = client.completions.create(model=model, prompt="the cat sat on the mat", max_tokens=200,
                                                temperature=0, stream=True, stream_options={"include_usage": True})
-            out = []
-            for c in chunks:
-                started.append(1)
-                out.append(c)
-            return out
+            return list(chunks)
 
-        jobs = [background(long_stream) for _ in range(3)]  # two running rows, one waiting
-        wait_for(lambda: len(started) >= 2)
+        def running_rows() -> float:
+            lines = httpx.get(f"{url}/metrics").text.splitlines()
+            return float(next(x for x in lines if x.startswith("eaglet_running_rows ")).split()[-1])
+
+        # Usually the first request runs alone (a batch of 1) and, once it drains, the other two
+        # share a batch of 2; all three share one when they reach the queue together.
+        jobs = [background(long_stream) for _ in range(3)]
+        wait_for(lambda: running_rows() >= 2, 60)
         proc.send_signal(signal.SIGTERM)
         for thread, _ in jobs:
             thread.join(60)
