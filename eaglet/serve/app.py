@@ -2,10 +2,10 @@
 
 Handlers tokenize, check the request against the context, submit it to the scheduler
 and relay its tokens: as one JSON body, or as server-sent events (``data: {chunk}``,
-ending ``data: [DONE]``). Text is detokenized incrementally: each event carries what
-the tokens so far add to the text, held back while the last token ends inside a
-multi-byte character. Stop strings are kept in the text, up to the token that
-completes them (eaglet's convention), and end with ``finish_reason: "stop"``.
+ending ``data: [DONE]``). Text is detokenized incrementally (``_Text``): each event
+carries what the tokens so far add to the text. As in OpenAI's API, a stop string ends
+the answer (``finish_reason: "stop"``) and is left out of the text, while the tokens
+(``usage``) include the one that completed it.
 """
 
 from __future__ import annotations
@@ -42,17 +42,28 @@ def _sse(obj) -> str:
 
 
 class _Text:
-    """Incremental detokenization: what new tokens add to the text so far."""
+    """Incremental detokenization: what new tokens add to the text, stop strings left out.
 
-    def __init__(self, tokenizer):
-        self.tok, self.ids, self.sent = tokenizer, [], ""
+    The engine stops at the token that completes a stop string; as OpenAI does, the text
+    ends before the stop string. While streaming, the last ``len(stop) - 1`` characters
+    wait (they may begin a stop string), as does a multi-byte character still being written.
+    """
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]):
+        self.tok, self.stops, self.ids, self.sent = tokenizer, stops, [], 0
+        self.hold = max((len(x) for x in stops), default=1) - 1
 
     def add(self, ids: list[int], final: bool = False) -> str:
         self.ids += ids
         text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:  # a multi-byte character still being written
-            return ""
-        new, self.sent = text[len(self.sent):], text
+        cut = min((i for i in (text.find(x) for x in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        elif not final:
+            text = text[: len(text) - self.hold]
+            if text.endswith("\ufffd"):
+                return ""
+        new, self.sent = text[self.sent:], max(self.sent, len(text))
         return new
 
 
@@ -128,7 +139,7 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
             if isinstance(event, Failure):
                 return _error(event.status, event.message)
             if isinstance(event, Completion):
-                content = target.tokenizer.decode(event.tokens, skip_special_tokens=True)
+                content = _Text(target.tokenizer, job.params.stop).add(event.tokens, final=True)
                 return _response(body, job, event, content, chat, rid)
         return Response(status_code=499)  # the client left; nobody reads this
 
@@ -178,7 +189,7 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
                 choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
             return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": [choice]}
 
-        text = _Text(target.tokenizer)
+        text = _Text(target.tokenizer, job.params.stop)
         if chat:
             yield _sse(chunk(None, role=True))
         async for event in _events(http, job):

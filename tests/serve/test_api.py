@@ -92,7 +92,10 @@ def test_stop_and_sampling_settings(served):
     stop = next(c for c in text[5:] if c.isascii() and c.isalnum())  # random bytes decode to odd characters
     cut = client.chat.completions.create(model=served.model, messages=msgs, max_tokens=30, temperature=0, stop=stop)
     assert cut.choices[0].finish_reason == "stop"
-    assert cut.choices[0].message.content == text[: text.index(stop) + len(stop)]  # kept, as eaglet generate does
+    assert cut.choices[0].message.content == text[: text.index(stop)]  # left out, as OpenAI does
+    streamed = client.chat.completions.create(model=served.model, messages=msgs, max_tokens=30, temperature=0,
+                                              stop=[stop, "never"], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == text[: text.index(stop)]
     seeded = [client.chat.completions.create(model=served.model, messages=msgs, max_tokens=12, temperature=0.9,
                                              top_p=0.95, seed=7, extra_body={"top_k": 20}) for _ in range(2)]
     assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
