@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglet.generate import Completion
 from eaglet.sampling import SamplingParams
 from eaglet.serve.metrics import Metrics
 from eaglet.session import Session, same_sampling
@@ -229,7 +228,7 @@ class Scheduler:
     def _end(self, row: int, failure: Failure | None, outcome: str) -> None:
         """Release a row now and tell its request how it ended."""
         req = self.rows.pop(row)
-        done: Completion = self.session.release(row) if self.session and row in self.session.rows else None
+        done = self.session.release(row) if self.session and row in self.session.rows else None
         if outcome != "aborted":
             req.emit(failure or done)
         self.metrics.requests.labels(outcome).inc()

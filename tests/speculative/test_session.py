@@ -14,15 +14,17 @@ from tests.speculative.test_engine import CONTEXT, TREES, prompts_of
 PARAMS = SamplingParams(max_new_tokens=30)
 
 
-@pytest.mark.parametrize("engine", ["plain", "chain", "tree"])
+@pytest.mark.parametrize("engine", ["plain", "chain", "tree", "tree-static"])
 def test_rows_join_and_leave_a_running_batch(agreeing, engine):
+    """``tree-static``: the CUDA-graph layout (whole-cache attention), run eagerly."""
     target, draft = agreeing
     prompts = prompts_of([7, 12, 3, 9, 5, 11], seed=3)
     limits = [30, 8, 30, 17, 30, 4]  # rows end at different times, and freed rows are refilled
     alone = [PlainGenerator(target, CONTEXT).generate([p], SamplingParams(max_new_tokens=n))[0].tokens
              for p, n in zip(prompts, limits)]
     gen = PlainGenerator(target, CONTEXT) if engine == "plain" else \
-        SpecEngine(target, draft, CONTEXT, *TREES[engine], adaptive=False, log=lambda _: None)
+        SpecEngine(target, draft, CONTEXT, *TREES[engine.removesuffix("-static")], adaptive=False, log=lambda _: None,
+                   static_shapes=engine.endswith("-static"))
     session = gen.session(3, PARAMS)
     out, owner, pending = {}, {}, list(range(len(prompts)))
     with torch.inference_mode():
