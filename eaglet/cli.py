@@ -1,6 +1,6 @@
 """The eaglet command line: the only place that parses arguments, and the user manual (--help).
 
-eaglet generate | bench | data regenerate | data capture | train | draft import | doctor
+eaglet generate | bench | data regenerate | data capture | train | draft import | doctor | serve
 
 Each option's type refuses a bad value while parsing; ``cli_checks.check`` then checks paths
 and options that go together, all before a model loads; ``commands.py`` runs the command.
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(sub)
     _add_training_parsers(sub)
     _add_doctor_parser(sub)
+    _add_serve_parser(sub)
     return parser
 
 
@@ -155,6 +156,13 @@ def _add_bench_parser(sub) -> None:
     _add_spec_options(b)
     _add_engine_options(b)
     _add_tp(b)
+    b.add_argument("--endpoint", default=None,
+                   help="measure a running OpenAI-compatible server at this URL instead (streamed chat completions; "
+                        "only --prompts --limit --max-new-tokens --temperature --seed --out apply)")
+    b.add_argument("--concurrency", type=integer(1), default=None, help="with --endpoint: requests in flight at most")
+    b.add_argument("--request-rate", type=number(0, low_open=True), default=None,
+                   help="with --endpoint: Poisson arrivals per second")
+    b.add_argument("--model", default=None, help="with --endpoint: the model name (default: the first listed)")
 
 
 # --- training: eaglet data regenerate | data capture | train | draft import ----------------------------------
@@ -337,6 +345,24 @@ def _internal_error(exc: BaseException) -> int:
     print(f"eaglet: internal error ({type(exc).__name__}: {first}), a bug in eaglet rather than in the input; "
           f"{where}; please report it", file=sys.stderr)
     return EXIT_INTERNAL
+
+
+# --- eaglet serve: the OpenAI-compatible server (body in eaglet/serve/) ---------------------------------------
+
+
+def _add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)")
+    _add_target(s)
+    s.add_argument("--draft", default="default",
+                   help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=integer(1), default=8000, help="TCP port to listen on")
+    s.add_argument("--max-batch", type=integer(1), default=8, help="rows decoded together (the running batch)")
+    s.add_argument("--max-queue", type=integer(0), default=256,
+                   help="requests waiting for a row; more are answered 429")
+    s.add_argument("--grace", type=number(0), default=30.0, help="seconds running requests get after SIGTERM")
+    _add_spec_options(s)
+    _add_engine_options(s)
 
 
 def main(argv: list[str] | None = None) -> int:

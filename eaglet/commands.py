@@ -43,6 +43,13 @@ def cmd_generate(args) -> int:
 def cmd_bench(args) -> int:
     from eaglet.bench.run import BenchConfig, run_bench
 
+    if args.endpoint:
+        from eaglet.bench.endpoint import EndpointBenchConfig, run_endpoint_bench
+
+        report = run_endpoint_bench(EndpointBenchConfig(
+            args.endpoint, args.out, args.prompts, args.limit, args.model, args.concurrency, args.request_rate,
+            args.max_new_tokens, args.temperature, args.seed))
+        return 1 if report["summary"]["failed"] else 0
     device, dtype = _device_dtype(args)
     cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, out=args.out,
                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
@@ -187,8 +194,19 @@ def cmd_doctor(args) -> int:
     return 0 if report.ok else EXIT_CHECK_FAILED
 
 
+def cmd_serve(args) -> int:
+    from eaglet.serve.server import ServeConfig, serve
+
+    device, dtype = _device_dtype(args)
+    return serve(ServeConfig(target=args.target, draft=args.draft, host=args.host, port=args.port,
+                             max_queue=args.max_queue, max_batch=args.max_batch, grace_s=args.grace, device=device,
+                             dtype=dtype, max_context=args.max_context,
+                             tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
+                             policy=args.policy == "auto"))
+
+
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}
 COMMANDS.update(data=cmd_data, train=cmd_train, draft=cmd_draft)
-COMMANDS.update(doctor=cmd_doctor)
+COMMANDS.update(doctor=cmd_doctor, serve=cmd_serve)
 
 

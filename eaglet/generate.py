@@ -8,7 +8,6 @@ cache (static shapes); on CPU it attends only over the slots in use.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,8 +15,7 @@ import torch
 
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
-from eaglet.parallel.state import broadcast_from_rank0
-from eaglet.sampling import SamplingParams, sample
+from eaglet.sampling import SamplingParams
 
 
 @dataclass
@@ -68,18 +66,6 @@ class StopChecker:
             if any(s in self.tok.decode(tokens[:n]) for s in self.stops):
                 return n
         return None
-
-
-def bucket_rows(prompts: list[list[int]], graphs: bool) -> list[list[int]]:
-    """Under CUDA graphs, the batch padded to a power of two with one-token filler rows.
-
-    Each batch size captures (and compiles) its own graphs; padding lets a few sizes serve
-    every batch, so a last partial batch never compiles inside a timed run. Filler rows
-    start finished: they commit nothing and their output is dropped.
-    """
-    n = len(prompts)
-    size = 1 << (n - 1).bit_length()
-    return prompts + [prompts[0][:1]] * (size - n) if graphs else prompts
 
 
 def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,52 +147,18 @@ class PlainGenerator:
             self._graphs[b] = decode_step(self.target.model, cache, static=True, compile=self.compile, graph=True)
         return self._graphs[b]
 
+    def session(self, batch: int, params: SamplingParams):
+        """A running batch of ``batch`` rows (one live session per batch size: they share a cache)."""
+        from eaglet.session import Session
+
+        cache = self._cache(batch)
+        return Session(self.target, cache, self._step_fn(cache), params, self.capacity)
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[Completion]:
         """Decode each prompt; ``on_token(row, token)`` streams tokens as they are final."""
-        for p in prompts:
-            if len(p) + 1 > self.capacity:
-                raise EagletError(
-                    f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
-                    "shorten it or raise --max-context"
-                )
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-        stops = StopChecker(self.target, params)
-        start = time.perf_counter()
-        n_real, prompts = len(prompts), bucket_rows(prompts, self.use_graphs)
-        cache = self._cache(len(prompts))
-        logits = prefill(self.target, cache, prompts)
-        step = self._step_fn(cache)
-        out = [Completion([], "length") for _ in prompts]
-        done = [i >= n_real for i in range(len(prompts))]
-        # Finished rows stop advancing, so they never run past the cache (their one-slot
-        # rewrites each step are masked out of every other row). Updated only when a row ends.
-        active = torch.tensor([0 if d else 1 for d in done], device=self.device)  # [B]
-        for _ in range(params.max_new_tokens):
-            # Under tensor parallelism every rank must continue with rank 0's token.
-            tok = broadcast_from_rank0(sample(logits, params, gen), self.target.model.tp)  # [B]
-            for i, t in enumerate(tok.tolist()):
-                if done[i]:
-                    continue
-                c = out[i]
-                c.tokens.append(t)
-                keep = stops.check(c.tokens)
-                if keep is not None:
-                    del c.tokens[keep:]
-                    c.finish_reason = "stop"
-                elif on_token:
-                    on_token(i, t)
-                if keep is not None or len(c.tokens) >= params.max_new_tokens \
-                        or len(prompts[i]) + len(c.tokens) >= self.capacity:
-                    done[i] = True
-                    active[i] = 0
-            if all(done):
-                break
-            logits = step(tok.view(-1, 1))
-            cache.advance(active)
-        elapsed = time.perf_counter() - start
-        for c in out:
-            c.seconds = elapsed
-        return out[:n_real]
+        from eaglet.session import bucket_size, decode_all
+
+        return decode_all(self.session(bucket_size(len(prompts), self.use_graphs), params), prompts, params,
+                          on_token)

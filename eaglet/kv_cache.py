@@ -12,6 +12,7 @@ slots at or beyond ``lens`` except the new tokens).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,19 @@ class KVCache:
 
     def reset(self) -> None:
         self.lens.zero_()
+
+    def rows(self, start: int, stop: int) -> KVCache:
+        """Rows ``start..stop-1`` as a cache sharing this one's storage (and ``lens``).
+
+        A request joining a running batch is prefilled through such a view into its own
+        row, so the buffers a captured graph reads stay the same tensors.
+        """
+        view = copy.copy(self)
+        view.k = [k[start:stop] for k in self.k]  # [stop-start, n_kv, capacity, D] views
+        view.v = [v[start:stop] for v in self.v]
+        view.lens = self.lens[start:stop]  # in-place updates reach the whole batch's lens
+        view._rows = self._rows[: stop - start]
+        return view
 
     def check_room(self, extra: int) -> None:
         need = int(self.lens.max()) + extra

@@ -57,6 +57,14 @@ CASES = [  # (id, argv, words the message must hold)
     ("gen-no-prompt", GEN[:5], ["required", "--prompt"]),
     ("gen-unknown-option", [*GEN, "--frobnicate"], ["unrecognized", "--frobnicate"]),
     ("bench-limit-0", [*BENCH, "--limit", "0"], ["--limit", ">= 1"]),
+    ("bench-concurrency-0", [*BENCH, "--endpoint", "http://127.0.0.1:9", "--concurrency", "0"],
+     ["--concurrency", ">= 1"]),
+    ("bench-request-rate-0", [*BENCH, "--endpoint", "http://127.0.0.1:9", "--request-rate", "0"],
+     ["--request-rate", "> 0"]),
+    ("serve-port-0", ["serve", "--target", M, "--port", "0"], ["--port", ">= 1", "'0'"]),
+    ("serve-max-batch-0", ["serve", "--target", M, "--max-batch", "0"], ["--max-batch", ">= 1"]),
+    ("serve-max-queue-negative", ["serve", "--target", M, "--max-queue", "-1"], ["--max-queue", ">= 0"]),
+    ("serve-grace-negative", ["serve", "--target", M, "--grace", "-5"], ["--grace", ">= 0"]),
     ("bench-batch-size-0", [*BENCH, "--batch-size", "0"], ["--batch-size", ">= 1"]),
     ("bench-prompts-missing", [*BENCH, "--prompts", "{ws}/nope.jsonl"], ["--prompts", "does not exist"]),
     ("bench-prompts-dir", [*BENCH, "--prompts", "{empty}"], ["--prompts", "is a directory"]),
@@ -155,7 +163,7 @@ CASES = [  # (id, argv, words the message must hold)
     ("doctor-draft-missing", ["doctor", "--target", M, "--draft", "{ws}/nope"], ["--draft", "not a draft"]),
     ("doctor-tree-partial", [*DOCTOR, "--tree-topk", "4"], ["--num-steps", "missing"]),
     ("no-command", [], ["required", "COMMAND"]),
-    ("unknown-command", ["serve"], ["'serve'"]),
+    ("unknown-command", ["server"], ["'server'"]),
     ("data-no-subcommand", ["data"], ["required", "SUBCOMMAND"]),
 ]
 
@@ -257,7 +265,7 @@ def test_at_least_sixty_cases_cover_every_command():
     assert len(CASES) >= 60
     firsts = {tuple(c[1][:2]) if c[1][:1] in (["data"], ["draft"]) else tuple(c[1][:1]) for c in CASES}
     for command in [("generate",), ("bench",), ("data", "regenerate"), ("data", "capture"), ("train",),
-                    ("draft", "import"), ("doctor",)]:
+                    ("draft", "import"), ("doctor",), ("serve",)]:
         assert command in firsts, command
 
 

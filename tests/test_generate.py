@@ -20,14 +20,13 @@ def test_finished_rows_do_not_overflow_the_cache(tmp_path):
     assert out[1].tokens == alone[0].tokens
 
 
-def test_bucket_rows_pads_to_a_power_of_two_only_under_graphs():
-    from eaglet.generate import bucket_rows
+def test_bucket_size_is_a_power_of_two_only_under_graphs():
+    from eaglet.session import bucket_size
 
-    prompts = [[5, 6, 7], [8], [9, 10]]
-    assert bucket_rows(prompts, graphs=False) == prompts
-    assert bucket_rows(prompts, graphs=True) == prompts + [[5]]
-    assert len(bucket_rows(prompts * 3, graphs=True)) == 16
-    assert bucket_rows(prompts[:1], graphs=True) == prompts[:1]
+    assert bucket_size(3, graphs=False) == 3
+    assert bucket_size(3, graphs=True) == 4
+    assert bucket_size(9, graphs=True) == 16
+    assert bucket_size(1, graphs=True) == 1
 
 
 def test_compile_cache_lives_under_eaglets_cache(monkeypatch, tmp_path):

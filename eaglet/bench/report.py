@@ -141,6 +141,13 @@ def write_png(report: dict, out: Path) -> Path:
     cfg = report["config"]
     ax.set(title=f"tokens/s ({cfg['device']}, batch {cfg['batch_size']})", ylabel="tokens/s")
     fig.suptitle(f"{cfg['target']}  draft: {cfg.get('draft') or 'none'}  temperature {cfg['temperature']}")
+    return save_png(fig, out)
+
+
+def save_png(fig, out: Path) -> Path:
+    """A finished figure as ``out/report.png`` (closed afterwards)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = out / "report.png"
     with atomic_file(path) as tmp:

@@ -8,6 +8,9 @@ One iteration, per batch (every row has its own tree, acceptance and lengths):
 4. drafting.py commits the path in the target cache and extends the draft cache;
 5. the host reads the emitted tokens and applies EOS, stop strings and limits per row.
 
+Requests join and leave a running batch between iterations through a session
+(``session.py``): ``generate`` is a session that admits every prompt at once.
+
 Steps 1-4 are one function of device tensors (``_Iteration``): on CUDA one compiled
 CUDA graph per (batch, tree, sampling settings), replayed with no host synchronisation
 inside; the host reads one packed [B, W+1] result per iteration through pinned memory
@@ -35,15 +38,17 @@ import torch
 
 from eaglet.cuda_graph import GraphedStep, persistent_compile_cache
 from eaglet.errors import EagletError
-from eaglet.generate import Completion, StopChecker, bucket_rows, context_size, decode_step
+from eaglet.generate import Completion, context_size, decode_step
 from eaglet.loading.target import Target
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
-from eaglet.sampling import SamplingParams, sample
+from eaglet.sampling import SamplingParams
+from eaglet.session import bucket_size, decode_all
 from eaglet.speculative.accept import Acceptance, greedy_accept, sample_accept
-from eaglet.speculative.drafting import commit_and_extend, draft_prefill
+from eaglet.speculative.drafting import commit_and_extend
 from eaglet.speculative.policy import BatchPolicy
+from eaglet.speculative.session import SpecSession
 from eaglet.speculative.tree import Tree, TreeConfig, build_tree
-from eaglet.speculative.verify import prefill, verify
+from eaglet.speculative.verify import verify
 
 
 def _stderr(msg: str) -> None:
@@ -79,31 +84,6 @@ def share_acceptance(acc: Acceptance, tp: TPGroup) -> Acceptance:
     buf = torch.cat([acc.path, acc.n_path.view(-1, 1), acc.next_token.view(-1, 1)], dim=1)  # [B, W+2]
     broadcast_from_rank0(buf, tp)
     return Acceptance(buf[:, :w], buf[:, w], buf[:, w + 1])
-
-
-class _Rows:
-    """Per-row output: limits, stop handling and streaming for appends of several tokens."""
-
-    def __init__(self, prompts, params: SamplingParams, capacity: int, stops: StopChecker, on_token):
-        self.out = [Completion([], "length") for _ in prompts]
-        self.done = [False] * len(prompts)
-        self.limit = [min(params.max_new_tokens, capacity - len(p)) for p in prompts]
-        self.stops, self.on_token = stops, on_token
-
-    def add(self, i: int, new: list[int]) -> None:
-        c = self.out[i]
-        before = len(c.tokens)
-        new = new[: self.limit[i] - before]
-        c.tokens.extend(new)
-        keep = self.stops.check(c.tokens, len(new)) if new else None
-        if keep is not None:
-            del c.tokens[keep:]
-            c.finish_reason, self.done[i] = "stop", True
-        elif len(c.tokens) >= self.limit[i]:
-            self.done[i] = True
-        if self.on_token:
-            for t in c.tokens[before:]:
-                self.on_token(i, t)
 
 
 class _State:
@@ -229,10 +209,6 @@ class SpecEngine:
             return flag
         return bool(broadcast_from_rank0(torch.tensor([flag], device=self.device), self.tp).item())
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-        """Tokens [B] sampled on rank 0 and shared: every rank continues with the same ones."""
-        return broadcast_from_rank0(sample(logits, params, gen), self.tp)
-
     def _margin(self, batch: int) -> int:
         return max(max(t.num_draft_tokens, t.region, t.num_steps + 1) for t in self.policy.ladder(batch))
 
@@ -286,76 +262,13 @@ class SpecEngine:
             it = self._iteration(batch, cfg, params)
             self.policy.iteration_s[(batch, cfg)] = self._measure(lambda: it(gen), state)
 
+    def session(self, batch: int, params: SamplingParams) -> SpecSession:
+        """A running batch of ``batch`` rows (one live session per batch size: they share its caches)."""
+        return SpecSession(self, batch, params)
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[Completion]:
         """Decode each prompt; ``on_token(row, token)`` streams tokens as they are final."""
-        for p in prompts:
-            if len(p) + 1 > self.capacity:
-                raise EagletError(f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
-                                  "shorten it or raise --max-context")
-        n_real, prompts = len(prompts), bucket_rows(prompts, self.use_graphs)
-        b = len(prompts)
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-        start = time.perf_counter()
-        tcache, dcache, state = self._cache(b)
-        model = self.target.model
-        logits, aux = prefill(model, tcache, prompts, self.capture)
-        roots = self._sample(logits, params, gen)  # [B] the pending tokens
-        rows = _Rows(prompts, params, self.capacity, StopChecker(self.target, params), on_token)
-        for i, t in enumerate(roots.tolist()):
-            if i < n_real:
-                rows.add(i, [t])
-            else:  # filler rows of the batch bucket
-                rows.done[i] = True
-        self.policy.start_call(b)
-        if self.policy.tree(b) is not None and not all(rows.done):
-            state.seed.copy_(draft_prefill(self.draft, model.embed, dcache, prompts, aux, roots))
-            state.roots.copy_(roots)
-            state.active.copy_(torch.tensor([0 if d else 1 for d in rows.done]))
-            self._speculate(rows, state, params, gen)
-            roots = state.roots
-        self._decode_plain(rows, tcache, roots, params, gen)
-        elapsed = time.perf_counter() - start
-        for c in rows.out:
-            c.seconds = elapsed
-        return rows.out[:n_real]
-
-    def _speculate(self, rows: _Rows, state: _State, params: SamplingParams, gen: torch.Generator) -> None:
-        """Speculative iterations until every row is done or the policy says plain; state.roots: the pending tokens."""
-        b = state.roots.shape[0]
-        while not all(rows.done):
-            cfg = self.policy.tree(b)
-            if cfg is None:
-                return
-            if self.policy.adaptive:
-                self._costs(b, cfg, params, gen)
-            result = self._iteration(b, cfg, params)(gen)
-            tokens, active = 0, 0
-            for i, row in enumerate(result):
-                if rows.done[i]:
-                    continue
-                n = row[-1]
-                rows.out[i].accept_lengths.append(n)
-                rows.add(i, row[:n])
-                tokens, active = tokens + n, active + 1
-                if rows.done[i]:
-                    state.active[i] = 0
-            self.policy.observe(b, tokens, active)
-
-    def _decode_plain(self, rows: _Rows, tcache, roots, params, gen) -> None:
-        """Plain decoding from the committed caches (the pending tokens are not yet in them)."""
-        step = self._plain_step(tcache) if not all(rows.done) else None
-        # Rows that are done stop advancing; updated when a row ends, not uploaded every step.
-        active = torch.tensor([0 if d else 1 for d in rows.done], device=self.device)
-        while not all(rows.done):
-            logits = step(roots.view(-1, 1))
-            tcache.advance(active)
-            roots = self._sample(logits, params, gen)
-            self.policy.observe_plain(tcache.batch)
-            for i, t in enumerate(roots.tolist()):
-                if not rows.done[i]:
-                    rows.add(i, [t])
-                    if rows.done[i]:
-                        active[i] = 0
+        return decode_all(self.session(bucket_size(len(prompts), self.use_graphs), params), prompts, params,
+                          on_token)

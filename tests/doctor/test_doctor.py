@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import eaglet.speculative.engine as engine
+import eaglet.speculative.session as spec_session
 from eaglet.capture import CaptureSpec
 from eaglet.cli import main
 from eaglet.data.features import capture_features
@@ -161,7 +162,7 @@ def _serving_fault(monkeypatch, fault=None, shift: int = 0):
         logits, aux = real_verify(model, cache, tree, tuple(p + shift for p in capture), n_slots)
         return logits, fault(model, tree.tokens, aux)
 
-    monkeypatch.setattr(engine, "prefill", prefill)
+    monkeypatch.setattr(spec_session, "prefill", prefill)
     monkeypatch.setattr(engine, "verify", verify)
 
 

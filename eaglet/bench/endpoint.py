@@ -1,0 +1,186 @@
+"""``eaglet bench --endpoint URL``: load-test any OpenAI-compatible server from the client side.
+
+Requests are streamed chat completions (``stream_options.include_usage`` gives the token
+counts), sent at a fixed ``concurrency`` (at most that many in flight) and/or a Poisson
+``request_rate`` (requests per second; seeded), the way serving benchmarks do. Per request:
+time to first token (TTFT), the gaps between streamed chunks (inter-token latency, ITL;
+a speculative server sends several tokens per chunk), end-to-end latency and completion
+tokens. The summary: output tok/s over the wall time of the whole run, TTFT and ITL
+median and p99, and failed requests (HTTP errors, error events, broken streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from eaglet.bench.prompts import load_prompts
+from eaglet.bench.report import save_png, write_json
+from eaglet.errors import EagletError
+
+
+@dataclass(frozen=True)
+class EndpointBenchConfig:
+    endpoint: str  # base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
+    out: str
+    prompts: str = "builtin"
+    limit: int | None = None
+    model: str | None = None  # default: the first model the server lists
+    concurrency: int | None = None  # None: no cap
+    request_rate: float | None = None  # requests/s (Poisson); None: all at once (capped by concurrency)
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise EagletError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise EagletError(f"--request-rate must be > 0, got {self.request_rate}")
+        if self.concurrency is None and self.request_rate is None:
+            raise EagletError("--endpoint needs --concurrency N or --request-rate R (or both)")
+
+    @property
+    def base(self) -> str:
+        url = self.endpoint.rstrip("/")
+        return url if url.endswith("/v1") else url + "/v1"
+
+
+@dataclass
+class Result:
+    ok: bool = False
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    text: str = ""
+    ttft: float | None = None  # seconds from sending to the first content chunk
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)  # gaps between content chunks
+
+
+async def _one(client: httpx.AsyncClient, cfg: EndpointBenchConfig, model: str, messages: list[dict]) -> Result:
+    body = {"model": model, "messages": messages, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+            "stream": True, "stream_options": {"include_usage": True}}
+    res, start = Result(), time.perf_counter()
+    last, parts = start, []
+    try:
+        async with client.stream("POST", f"{cfg.base}/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    res.error = str(chunk["error"].get("message"))
+                    return res
+                if chunk.get("usage"):
+                    res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    res.completion_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        now = time.perf_counter()
+                        if res.ttft is None:
+                            res.ttft = now - start
+                        else:
+                            res.itl.append(now - last)
+                        last = now
+                        parts.append(text)
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    res.latency, res.text, res.ok = time.perf_counter() - start, "".join(parts), True
+    return res
+
+
+async def _run(cfg: EndpointBenchConfig, conversations: list[list[dict]]) -> tuple[list[Result], float, str]:
+    limits = httpx.Limits(max_connections=cfg.concurrency or len(conversations))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        model = cfg.model
+        if model is None:
+            try:
+                r = await client.get(f"{cfg.base}/models")
+                r.raise_for_status()
+                model = r.json()["data"][0]["id"]
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+                raise EagletError(f"could not list the models of {cfg.base}: {e}; is the server up?") from None
+        gate = asyncio.Semaphore(cfg.concurrency or len(conversations))
+        rng = random.Random(cfg.seed)
+
+        async def limited(messages):
+            async with gate:
+                return await _one(client, cfg, model, messages)
+
+        start, tasks = time.perf_counter(), []
+        for messages in conversations:
+            tasks.append(asyncio.create_task(limited(messages)))
+            if cfg.request_rate is not None:
+                await asyncio.sleep(rng.expovariate(cfg.request_rate))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - start, model
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 5)
+
+
+def summarize(results: list[Result], seconds: float) -> dict:
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    itl = [g for r in ok for g in r.itl]
+    tokens = sum(r.completion_tokens for r in ok)
+    return {
+        "requests": len(results), "failed": len(results) - len(ok), "seconds": round(seconds, 3),
+        "completion_tokens": tokens, "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "output_tok_per_s": round(tokens / seconds, 2) if seconds > 0 else 0.0,
+        "requests_per_s": round(len(ok) / seconds, 3) if seconds > 0 else 0.0,
+        "ttft_s": {"median": _pct(ttft, 0.5), "p99": _pct(ttft, 0.99)},
+        "itl_s": {"median": _pct(itl, 0.5), "p99": _pct(itl, 0.99)},
+        "latency_s": {"median": _pct([r.latency for r in ok], 0.5), "p99": _pct([r.latency for r in ok], 0.99)},
+        "errors": sorted({r.error for r in results if r.error})[:10],
+    }
+
+
+def _png(results: list[Result], summary: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    ok = [r for r in results if r.ok]
+    a.hist([r.ttft for r in ok if r.ttft is not None], bins=30)
+    a.set(title=f"time to first token (median {summary['ttft_s']['median']} s)", xlabel="s", ylabel="requests")
+    b.hist([1000 * g for r in ok for g in r.itl], bins=30)
+    b.set(title=f"inter-token latency (median {summary['itl_s']['median']} s)", xlabel="ms", ylabel="chunks")
+    fig.suptitle(f"{summary['output_tok_per_s']} output tok/s, {summary['requests']} requests, "
+                 f"{summary['failed']} failed")
+    return save_png(fig, out)
+
+
+def run_endpoint_bench(cfg: EndpointBenchConfig) -> dict:
+    conversations = [p.messages for p in load_prompts(cfg.prompts, cfg.limit)]
+    print(f"eaglet: {len(conversations)} requests to {cfg.base} (concurrency {cfg.concurrency or 'unlimited'}, "
+          f"rate {cfg.request_rate or 'unlimited'}/s)", file=sys.stderr)
+    results, seconds, model = asyncio.run(_run(cfg, conversations))
+    summary = summarize(results, seconds)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"config": {**asdict(cfg), "model": model}, "summary": summary,
+              "requests": [{k: v for k, v in asdict(r).items() if k != "itl"} for r in results]}
+    write_json(report, out)
+    _png(results, summary, out)
+    print(json.dumps(summary))
+    return report

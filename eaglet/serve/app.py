@@ -1,0 +1,225 @@
+"""The OpenAI-compatible HTTP API (FastAPI): chat and text completions, models, health, metrics.
+
+Handlers tokenize, check the request against the context, submit it to the scheduler
+and relay its tokens: as one JSON body, or as server-sent events (``data: {chunk}``,
+ending ``data: [DONE]``). Text is detokenized incrementally (``_Text``): each event
+carries what the tokens so far add to the text. As in OpenAI's API, a stop string ends
+the answer (``finish_reason: "stop"``) and is left out of the text, while the tokens
+(``usage``) include the one that completed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from eaglet.chat import encode_chat
+from eaglet.generate import Completion
+from eaglet.serve.metrics import Metrics
+from eaglet.serve.protocol import BadRequest, ChatRequest, CompletionRequest, error_body
+from eaglet.serve.scheduler import Failure, QueueFull, Scheduler, ShuttingDown
+from eaglet.serve.scheduler import Request as Job
+
+_KINDS = {400: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_error", 503: "unavailable"}
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, _KINDS.get(status, "error"), param, code), status_code=status)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+class _Text:
+    """Incremental detokenization: what new tokens add to the text, stop strings left out.
+
+    The engine stops at the token that completes a stop string; as OpenAI does, the text
+    ends before the stop string. While streaming, the last ``len(stop) - 1`` characters
+    wait (they may begin a stop string), as does a multi-byte character still being written.
+    """
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]):
+        self.tok, self.stops, self.ids, self.sent = tokenizer, stops, [], 0
+        self.hold = max((len(x) for x in stops), default=1) - 1
+
+    def add(self, ids: list[int], final: bool = False) -> str:
+        self.ids += ids
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(x) for x in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        elif not final:
+            text = text[: len(text) - self.hold]
+            if text.endswith("\ufffd"):
+                return ""
+        new, self.sent = text[self.sent:], max(self.sent, len(text))
+        return new
+
+
+def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -> FastAPI:
+    target = engine.target
+    app = FastAPI(title="eaglet", docs_url=None, redoc_url=None)
+    created = int(time.time())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, exc: RequestValidationError):
+        metrics.requests.labels("bad_request").inc()
+        first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        return _error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}",
+                      ".".join(loc) or None)
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_request, exc: BadRequest):
+        metrics.requests.labels("bad_request").inc()
+        return _error(400, str(exc), exc.param, exc.code)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request, exc: Exception):
+        traceback.print_exception(exc, file=sys.stderr)
+        metrics.requests.labels("error").inc()
+        return _error(500, f"internal error: {exc}")
+
+    @app.get("/health")
+    async def health():
+        if not scheduler.accepting:
+            return _error(503, "the server is shutting down")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "eaglet", "max_model_len": engine.capacity}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def prepare(body: ChatRequest | CompletionRequest, prompt: list[int], param: str) -> Job:
+        if body.model != model_name:
+            raise BadRequest(f"the model {body.model!r} is not served here; this server serves {model_name!r}",
+                             "model", "model_not_found")
+        room = engine.capacity - len(prompt)
+        if room < 1:
+            raise BadRequest(f"the prompt has {len(prompt)} tokens but the context holds {engine.capacity}",
+                             param, "context_length_exceeded")
+        limit = body.limit if body.limit is not None else room
+        if limit > room:
+            raise BadRequest(f"max_tokens={limit} does not fit: the prompt has {len(prompt)} tokens and the "
+                             f"context holds {engine.capacity}, so at most {room}", "max_tokens",
+                             "context_length_exceeded")
+        return Job(prompt, body.sampling(limit), asyncio.get_running_loop())
+
+    async def run(http: Request, body, job: Job, chat: bool):
+        try:
+            scheduler.submit(job)
+        except QueueFull:
+            metrics.requests.labels("queue_full").inc()
+            return _error(429, f"the queue is full ({scheduler.max_queue} requests waiting); retry later")
+        except ShuttingDown:
+            metrics.requests.labels("shutdown").inc()
+            return _error(503, "the server is shutting down")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if body.stream:
+            return StreamingResponse(_stream(http, body, job, chat, rid), media_type="text/event-stream")
+        async for event in _events(http, job):
+            if isinstance(event, Failure):
+                return _error(event.status, event.message)
+            if isinstance(event, Completion):
+                content = _Text(target.tokenizer, job.params.stop).add(event.tokens, final=True)
+                return _response(body, job, event, content, chat, rid)
+        return Response(status_code=499)  # the client left; nobody reads this
+
+    async def _events(http: Request, job: Job) -> AsyncIterator:
+        """The job's events until its end. A client that leaves (a disconnect seen here, or the
+        streaming task cancelled) cancels the job: the scheduler frees its row between steps."""
+        ended, checked = False, time.monotonic()
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), 0.25)
+                except asyncio.TimeoutError:
+                    event = None
+                if time.monotonic() - checked > 0.25:  # also while tokens keep coming
+                    if await http.is_disconnected():
+                        return
+                    checked = time.monotonic()
+                if event is None:
+                    continue
+                ended = isinstance(event, (Completion, Failure))
+                yield event
+                if ended:
+                    return
+        finally:
+            job.cancelled = not ended
+
+    def _usage(job: Job, n: int) -> dict:
+        return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n}
+
+    def _response(body, job: Job, done: Completion, content: str, chat: bool, rid: str) -> dict:
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": content},
+                      "finish_reason": done.finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": content, "finish_reason": done.finish_reason, "logprobs": None}
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": model_name, "choices": [choice], "usage": _usage(job, len(done.tokens))}
+
+    async def _stream(http: Request, body, job: Job, chat: bool, rid: str) -> AsyncIterator[str]:
+        obj, now = ("chat.completion.chunk" if chat else "text_completion"), int(time.time())
+
+        def chunk(delta: str | None, finish: str | None = None, role: bool = False) -> dict:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta else {})
+                choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": [choice]}
+
+        text = _Text(target.tokenizer, job.params.stop)
+        if chat:
+            yield _sse(chunk(None, role=True))
+        async for event in _events(http, job):
+            if isinstance(event, Failure):
+                yield _sse(error_body(event.message, _KINDS.get(event.status, "error"), None, event.status))
+                break
+            if isinstance(event, Completion):
+                yield _sse(chunk(text.add([], final=True), event.finish_reason))
+                if body.include_usage:
+                    yield _sse({"id": rid, "object": obj, "created": now, "model": model_name, "choices": [],
+                                "usage": _usage(job, len(event.tokens))})
+                break
+            delta = text.add(event)
+            if delta:
+                yield _sse(chunk(delta))
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: Request):
+        prompt = encode_chat(target.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
+        return await run(http, body, prepare(body, prompt, "messages"), chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: Request):
+        prompt = body.prompt if isinstance(body.prompt, list) else \
+            target.tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+        if not prompt:
+            raise BadRequest("the prompt is empty", "prompt")
+        if any(not 0 <= t < target.config.vocab_size for t in prompt):
+            raise BadRequest(f"prompt token ids must be in [0, {target.config.vocab_size})", "prompt")
+        return await run(http, body, prepare(body, prompt, "prompt"), chat=False)
+
+    return app

@@ -1,0 +1,235 @@
+"""Continuous batching: one worker thread runs the model; requests join and leave between steps.
+
+The HTTP handlers live on the asyncio loop and never touch the model. ``submit`` puts a
+request in a bounded FIFO (full: ``QueueFull``, answered 429); the worker admits waiting
+requests into free rows of the running session, runs one step (a speculative iteration
+or a plain step) of every running row, and hands each request its new tokens through an
+asyncio queue. A finished, aborted (client gone) or failed row is released at once and
+its row refilled at the next admission.
+
+Batch size: a batch opens with rows for the requests waiting then (a power of two, at
+most ``max_batch``), so a lone request decodes at batch 1 with batch 1's tree. A full
+batch with requests waiting takes no more rows; once it drains, a larger one opens. An
+empty batch is not kept: the next request opens one sized for the queue at that time.
+
+Sampling rule: rows of one session share temperature, top-p and top-k (the engine's
+iteration is compiled per setting); a request whose setting differs from the running
+batch's waits at the head of the queue until that batch drains, then starts the next
+session. A sampled request with a ``seed`` runs alone in a session seeded with it, so its
+answer is reproducible; greedy requests ignore ``seed``.
+
+Faults: an exception while admitting a request fails that request (500); one inside a
+step fails the rows of that step's batch, whose caches are then discarded, and the
+worker goes on with a fresh session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglet.sampling import SamplingParams
+from eaglet.serve.metrics import Metrics
+from eaglet.session import Session, same_sampling
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The end of a request that did not finish: HTTP status and message."""
+
+    status: int
+    message: str
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    # list[int] (new tokens), then a Completion or a Failure; filled from the worker thread.
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False  # set by the handler when the client disconnects; read between steps
+    arrival: float = field(default_factory=time.perf_counter)
+    last: float | None = None  # when the last tokens went out
+
+    def emit(self, event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    @property
+    def exclusive(self) -> bool:
+        return not self.params.greedy and self.params.seed is not None
+
+
+class Scheduler:
+    def __init__(self, engine, max_batch: int, max_queue: int, metrics: Metrics):
+        self.engine, self.max_batch, self.max_queue, self.metrics = engine, max_batch, max_queue, metrics
+        self.waiting: deque[Request] = deque()
+        self.wake = threading.Condition()
+        self.session: Session | None = None
+        self.rows: dict[int, Request] = {}  # row of the running session -> its request
+        self.growing = False  # the running batch is full with requests waiting: it drains, a larger one opens
+        self.accepting = True
+        self.deadline: float | None = None  # after close(): running rows are aborted past it
+        self.thread = threading.Thread(target=self._work, name="eaglet-engine", daemon=True)
+        self.thread.start()
+
+    # --- the asyncio side ---
+
+    def submit(self, req: Request) -> None:
+        with self.wake:
+            if not self.accepting:
+                raise ShuttingDown
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull
+            self.waiting.append(req)
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.wake.notify()
+
+    def close(self, grace_s: float) -> None:
+        """Stop admitting: waiting requests get 503; running rows may finish for ``grace_s`` seconds."""
+        with self.wake:
+            self.accepting = False
+            self.deadline = time.monotonic() + grace_s
+            self.wake.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    # --- the worker thread ---
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self.wake:
+                    if not self.accepting:
+                        self._reject_waiting()
+                        if not self.rows:
+                            return
+                    elif not self.rows and not self.waiting:
+                        self.wake.wait(0.5)
+                        continue
+                self._drop_cancelled()
+                self._admit()
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    for row in list(self.rows):
+                        self._end(row, Failure(503, "the server is shutting down"), "shutdown")
+                elif self.rows:
+                    self._step()
+
+    def _reject_waiting(self) -> None:
+        while self.waiting:
+            self.waiting.popleft().emit(Failure(503, "the server is shutting down"))
+            self.metrics.requests.labels("shutdown").inc()
+        self.metrics.queue_depth.set(0)
+
+    def _drop_cancelled(self) -> None:
+        for row, req in list(self.rows.items()):
+            if req.cancelled:
+                self._end(row, None, "aborted")
+
+    def _next(self) -> Request | None:
+        """The head of the queue, if it can join the running session now (opening one if needed)."""
+        with self.wake:
+            while self.waiting and self.waiting[0].cancelled:
+                self.waiting.popleft()
+                self.metrics.requests.labels("aborted").inc()
+            if not self.waiting:
+                return None
+            req = self.waiting[0]
+            s = self.session
+            joins = s is not None and bool(s.rows) and not self.growing and not req.exclusive \
+                and same_sampling(req.params, s.params) and not (s.params.seed is not None and not s.params.greedy)
+            if joins and not s.free_rows():
+                self.growing = s.batch < self.max_batch  # drain, then open a larger batch
+                return None
+            if not joins and self.rows:
+                return None  # another sampling setting, or a larger batch, waits for this one to drain
+            size = 1 if req.exclusive else min(self.max_batch, 1 << (len(self.waiting) - 1).bit_length())
+            self.waiting.popleft()
+            self.metrics.queue_depth.set(len(self.waiting))
+        if not joins:
+            self.growing = False
+            try:
+                self.session = self.engine.session(size, req.params)
+            except Exception as e:  # e.g. no memory for the caches: this request fails, the next may not
+                self._fail(req, e, "opening a batch")
+                return self._next()
+            self.metrics.batch_rows.set(size)
+        return req
+
+    def _fail(self, req: Request, e: Exception, where: str) -> None:
+        print(f"eaglet: a request failed while {where}: {e!r}", file=sys.stderr)
+        req.emit(Failure(500, f"internal error: {e}"))
+        self.metrics.requests.labels("error").inc()
+
+    def _admit(self) -> None:
+        while (req := self._next()) is not None:
+            row = self.session.free_rows()[0]
+            try:
+                [first] = self.session.admit(row, [req.prompt], req.params)
+            except Exception as e:  # one request's failure: report it, keep serving
+                if row in self.session.rows:
+                    self.session.release(row)
+                self._fail(req, e, "admitting")
+                continue
+            self.rows[row] = req
+            self.metrics.prompt_tokens.inc(len(req.prompt))
+            self._deliver(row, first)
+        self.metrics.running.set(len(self.rows))
+
+    def _step(self) -> None:
+        s = self.session
+        before = (s.verifies, s.accepted)
+        try:
+            news = s.step()
+        except Exception as e:
+            print(f"eaglet: a batch step failed: {e!r}; failing its {len(self.rows)} rows", file=sys.stderr)
+            for row in list(self.rows):
+                self._end(row, Failure(500, f"internal error: {e}"), "error")
+            self.session = None  # its caches may be half-written
+            return
+        self.metrics.steps.labels(s.last_step).inc()
+        self.metrics.verifies.inc(s.verifies - before[0])
+        self.metrics.accepted.inc(s.accepted - before[1])
+        for row, toks in news.items():
+            self._deliver(row, toks)
+
+    def _deliver(self, row: int, toks: list[int]) -> None:
+        req, now = self.rows[row], time.perf_counter()
+        if toks:
+            if req.last is None:
+                self.metrics.ttft.observe(now - req.arrival)
+            else:
+                for _ in toks:
+                    self.metrics.itl.observe((now - req.last) / len(toks))
+            req.last = now
+            self.metrics.generated_tokens.inc(len(toks))
+            req.emit(toks)
+        if self.session.rows[row].done:
+            self._end(row, None, "finished")
+
+    def _end(self, row: int, failure: Failure | None, outcome: str) -> None:
+        """Release a row now and tell its request how it ended."""
+        req = self.rows.pop(row)
+        done = self.session.release(row) if self.session and row in self.session.rows else None
+        if outcome != "aborted":
+            req.emit(failure or done)
+        self.metrics.requests.labels(outcome).inc()
+        self.metrics.running.set(len(self.rows))

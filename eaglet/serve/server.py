@@ -1,0 +1,94 @@
+"""``eaglet serve``: load the target (and draft), start the scheduler, run uvicorn until SIGTERM.
+
+SIGTERM (or Ctrl-C) stops admitting at once: waiting requests get 503, running rows
+go on for ``grace_s`` seconds and are then aborted with 503, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from eaglet.errors import EagletError
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    target: str
+    draft: str = "default"  # 'default', 'none' or a draft directory
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queue: int = 256
+    max_batch: int = 8
+    grace_s: float = 30.0
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    max_context: int | None = None
+    tree: tuple[int | None, int | None, int | None] = (None, None, None)  # num_steps, topk, num_draft_tokens
+    compile_engine: bool | None = None
+    policy: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise EagletError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.max_queue < 1:
+            raise EagletError(f"--max-queue must be >= 1, got {self.max_queue}")
+        if not 0 <= self.port < 65536:
+            raise EagletError(f"--port must be in 0..65535, got {self.port}")
+        if self.grace_s < 0:
+            raise EagletError(f"--grace must be >= 0, got {self.grace_s}")
+
+
+def load_engine(cfg: ServeConfig):
+    """PlainGenerator or SpecEngine, as ``eaglet generate`` would build them."""
+    from eaglet.generate import PlainGenerator
+    from eaglet.loading import load_target
+    from eaglet.speculative import SpecEngine
+    from eaglet.speculative.load import load_engine_draft, resolve_draft
+
+    print(f"eaglet: loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})", file=sys.stderr)
+    target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    draft_path = resolve_draft(cfg.draft, target)
+    if draft_path is None:
+        print("eaglet: no draft; plain decoding", file=sys.stderr)
+        return PlainGenerator(target, cfg.max_context, compile=cfg.compile_engine)
+    print(f"eaglet: draft {draft_path}", file=sys.stderr)
+    return SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context, *cfg.tree,
+                      compile=cfg.compile_engine, adaptive=cfg.policy)
+
+
+def serve(cfg: ServeConfig) -> int:
+    import uvicorn
+
+    from eaglet.serve.app import build_app
+    from eaglet.serve.metrics import Metrics
+    from eaglet.serve.scheduler import Scheduler
+    from eaglet.session import bucket_size
+
+    engine = load_engine(cfg)
+    metrics = Metrics()
+    scheduler = Scheduler(engine, bucket_size(cfg.max_batch, engine.use_graphs), cfg.max_queue, metrics)
+    app = build_app(engine, scheduler, metrics, engine.target.name)
+    # Handlers end within the grace period (the scheduler aborts what is left); the extra
+    # seconds only let their last bytes go out before uvicorn cancels them.
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                           timeout_graceful_shutdown=int(cfg.grace_s) + 5))
+    uvicorn_exit = server.handle_exit
+
+    def handle_exit(sig, frame) -> None:
+        scheduler.close(cfg.grace_s)
+        uvicorn_exit(sig, frame)
+
+    server.handle_exit = handle_exit
+    # uvicorn raises the signal again after its graceful shutdown; a no-op handler lets us exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    print(f"eaglet: serving {engine.target.name!r} on http://{cfg.host}:{cfg.port}/v1 "
+          f"(batch {scheduler.max_batch}, queue {cfg.max_queue})", file=sys.stderr, flush=True)
+    server.run()
+    scheduler.close(0)
+    scheduler.join(cfg.grace_s + 5)
+    print("eaglet: server stopped", file=sys.stderr)
+    return 0

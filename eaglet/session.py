@@ -1,0 +1,169 @@
+"""A running batch that requests join and leave between steps (continuous batching).
+
+A session owns one batch of cache rows and the pending token of each. ``admit`` prefills
+prompts into free rows and returns their first tokens; ``step`` advances every running
+row by one iteration and returns the tokens that became final, per row; ``release``
+frees a row at once (finished or aborted). Rows are independent: each has its own
+``lens`` in the caches and an ``active`` flag, and an inactive row commits nothing, so a
+freed row is refilled while the others keep running. ``generate`` of PlainGenerator and
+SpecEngine is ``decode_all`` over a session; the server's scheduler drives one directly.
+
+Sampling: temperature, top-p and top-k belong to the session (the speculative iteration
+is compiled per setting, and one generator draws for every row, seeded by the session's
+``seed``); the token limit and stop strings belong to each row. This ``Session`` decodes
+plainly; ``speculative/session.py`` adds the draft.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.generate import Completion, StopChecker, prefill
+from eaglet.loading.target import Target
+from eaglet.parallel.state import broadcast_from_rank0
+from eaglet.sampling import SamplingParams, sample
+
+
+class _Row:
+    """One request's output: its limit, stop handling, and appends of several tokens."""
+
+    def __init__(self, target: Target, prompt_len: int, params: SamplingParams, capacity: int):
+        self.out = Completion([], "length")
+        self.limit = min(params.max_new_tokens, capacity - prompt_len)
+        self.stops = StopChecker(target, params)
+        self.done = False
+
+    def add(self, new: list[int]) -> list[int]:
+        """Append ``new`` up to the limit or a stop -> the tokens kept (final)."""
+        c = self.out
+        before = len(c.tokens)
+        new = new[: self.limit - before]
+        c.tokens.extend(new)
+        keep = self.stops.check(c.tokens, len(new)) if new else None
+        if keep is not None:
+            del c.tokens[keep:]
+            c.finish_reason, self.done = "stop", True
+        elif len(c.tokens) >= self.limit:
+            self.done = True
+        return c.tokens[before:]
+
+
+def same_sampling(a: SamplingParams, b: SamplingParams) -> bool:
+    """Whether two requests can share a session (one distribution rule for the batch)."""
+    return a.greedy and b.greedy or (a.temperature, a.top_p, a.top_k) == (b.temperature, b.top_p, b.top_k)
+
+
+class Session:
+    """Plain decoding of a batch of rows, one token per running row and step."""
+
+    def __init__(self, target: Target, cache, decode: Callable[[torch.Tensor], torch.Tensor],
+                 params: SamplingParams, capacity: int, roots: torch.Tensor | None = None,
+                 active: torch.Tensor | None = None):
+        self.target, self.cache, self.decode, self.params, self.capacity = target, cache, decode, params, capacity
+        dev = cache.lens.device
+        self.roots = torch.zeros(cache.batch, dtype=torch.long, device=dev) if roots is None else roots  # [B] pending
+        self.active = torch.zeros(cache.batch, dtype=torch.long, device=dev) if active is None else active  # [B]
+        self.active.zero_()
+        self.gen = torch.Generator(device=dev)
+        self.gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        self.rows: dict[int, _Row] = {}
+        self.last_step = "plain"  # what the last step ran: "plain" or the tree's description
+        self.verifies = 0  # rows verified over the session, and the tokens they emitted (speculative only)
+        self.accepted = 0
+
+    @property
+    def batch(self) -> int:
+        return self.cache.batch
+
+    def free_rows(self) -> list[int]:
+        return [i for i in range(self.batch) if i not in self.rows]
+
+    def running(self) -> list[int]:
+        return [i for i, r in self.rows.items() if not r.done]
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """Tokens [B] sampled on rank 0 and shared: under tensor parallelism every rank continues with them."""
+        return broadcast_from_rank0(sample(logits, self.params, self.gen), self.target.model.tp)
+
+    def admit(self, row: int, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """Prefill ``prompts`` into the free rows ``row, row+1, ...`` (one forward) -> each one's first tokens."""
+        rows = range(row, row + len(prompts))
+        if rows.stop > self.batch or any(i in self.rows for i in rows):
+            raise ValueError(f"rows {rows.start}..{rows.stop - 1} are not free in a batch of {self.batch}")
+        if not same_sampling(params, self.params):
+            raise ValueError("a session samples every row with the same temperature, top-p and top-k")
+        for p in prompts:
+            if len(p) + 1 > self.capacity:
+                raise EagletError(f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
+                                  "shorten it or raise --max-context")
+        roots = self._prefill(row, prompts)  # [n]
+        self.roots[rows.start:rows.stop].copy_(roots)
+        first = []
+        for i, p, t in zip(rows, prompts, roots.tolist()):
+            self.rows[i] = _Row(self.target, len(p), params, self.capacity)
+            first.append(self._add(i, [t]))
+            self.active[i] = 0 if self.rows[i].done else 1
+        return first
+
+    def _prefill(self, row: int, prompts: list[list[int]]) -> torch.Tensor:
+        """Prompts into their rows' caches -> the sampled pending tokens [n]."""
+        view = self.cache.rows(row, row + len(prompts))
+        view.reset()
+        return self.sample(prefill(self.target, view, prompts))
+
+    def _add(self, row: int, tokens: list[int]) -> list[int]:
+        r = self.rows[row]
+        kept = r.add(tokens)
+        if r.done:
+            self.active[row] = 0
+        return kept
+
+    def step(self) -> dict[int, list[int]]:
+        """One plain step of every running row -> the tokens that became final, per row."""
+        live = self.running()
+        if not live:
+            return {}
+        logits = self.decode(self.roots.view(-1, 1))  # writes each pending token at its row's lens
+        self.cache.advance(self.active)
+        self.roots.copy_(self.sample(logits))
+        toks = self.roots.tolist()
+        self.last_step = "plain"
+        return {i: self._add(i, [toks[i]]) for i in live}
+
+    def release(self, row: int) -> Completion:
+        """Free a row now (finished or aborted): it stops advancing and can be admitted again."""
+        self.active[row] = 0
+        return self.rows.pop(row).out
+
+
+def bucket_size(n: int, graphs: bool) -> int:
+    """Under CUDA graphs, the batch rounded up to a power of two.
+
+    Each batch size captures (and compiles) its own graphs; rounding lets a few sizes serve
+    every batch, so a last partial batch never compiles inside a timed run. The rows past
+    ``n`` are never admitted: they stay inactive and commit nothing.
+    """
+    return 1 << (n - 1).bit_length() if graphs else n
+
+
+def decode_all(session: Session, prompts: list[list[int]], params: SamplingParams,
+               on_token: Callable[[int, int], None] | None = None) -> list[Completion]:
+    """Admit every prompt (rows 0..n-1) and step until all are done; ``on_token(row, token)`` streams."""
+    start = time.perf_counter()
+    news = dict(enumerate(session.admit(0, prompts, params)))
+    while True:
+        if on_token:
+            for i, toks in news.items():
+                for t in toks:
+                    on_token(i, t)
+        if not session.running():
+            break
+        news = session.step()
+    out = [session.release(i) for i in range(len(prompts))]
+    for c in out:
+        c.seconds = time.perf_counter() - start
+    return out

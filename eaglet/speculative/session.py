@@ -1,0 +1,78 @@
+"""A running batch decoded speculatively: the engine's iteration over rows that come and go.
+
+Admission prefills the target (capturing the draft's points) and the draft into the new
+rows only, through row views of the batch caches, and sets their seed, pending token and
+``active`` flag in the engine's per-batch ``_State``; the compiled iteration (a CUDA graph
+on CUDA) reads those same tensors, so a row joins between two replays with nothing
+recaptured. When the policy falls back to plain decoding the session stays plain until it
+ends: from then on the draft cache is no longer extended, so it cannot seed a tree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from eaglet.sampling import SamplingParams
+from eaglet.session import Session
+from eaglet.speculative.drafting import draft_prefill
+from eaglet.speculative.verify import prefill
+
+if TYPE_CHECKING:
+    from eaglet.speculative.engine import SpecEngine
+
+
+class SpecSession(Session):
+    def __init__(self, eng: SpecEngine, batch: int, params: SamplingParams):
+        tcache, dcache, state = eng._cache(batch)
+        super().__init__(eng.target, tcache, lambda ids: eng._plain_step(tcache)(ids), params, eng.capacity,
+                         state.roots, state.active)
+        self.eng, self.dcache, self.state = eng, dcache, state
+        eng.policy.start_call(batch)
+        self.speculating = eng.policy.tree(batch) is not None
+        self.admissions = 0
+
+    def _prefill(self, row: int, prompts: list[list[int]]) -> torch.Tensor:
+        # Each admission is one of the policy's "calls" (the first is the session's own), so
+        # a long-running server batch, whose evidence spans many prompts, is judged after
+        # WINDOW iterations as a series of generate calls is.
+        if self.admissions:
+            self.eng.policy.start_call(self.batch)
+        self.admissions += 1
+        if not self.speculating:
+            return super()._prefill(row, prompts)
+        rows = slice(row, row + len(prompts))
+        tview, dview = self.cache.rows(rows.start, rows.stop), self.dcache.rows(rows.start, rows.stop)
+        tview.reset()
+        dview.reset()
+        model = self.target.model
+        logits, aux = prefill(model, tview, prompts, self.eng.capture)
+        roots = self.sample(logits)  # [n]
+        self.state.seed[rows].copy_(draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots))
+        return roots
+
+    def step(self) -> dict[int, list[int]]:
+        """One speculative iteration of every running row (or a plain step after a fallback)."""
+        live = self.running()
+        if not live:
+            return {}
+        b, policy = self.batch, self.eng.policy
+        cfg = policy.tree(b) if self.speculating else None
+        if cfg is None:
+            self.speculating = False
+            policy.observe_plain(b)
+            return super().step()
+        if policy.adaptive:
+            self.eng._costs(b, cfg, self.params, self.gen)
+        result = self.eng._iteration(b, cfg, self.params)(self.gen)  # per row [emitted (W)..., count]
+        news, tokens = {}, 0
+        for i in live:
+            n = result[i][-1]
+            self.rows[i].out.accept_lengths.append(n)
+            news[i] = self._add(i, result[i][:n])
+            tokens += n
+        policy.observe(b, tokens, len(live))
+        self.verifies, self.accepted = self.verifies + len(live), self.accepted + tokens
+        self.last_step = cfg.describe()
+        return news

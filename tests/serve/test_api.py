@@ -1,0 +1,148 @@
+"""The OpenAI API through the `openai` client: answers equal offline greedy decoding, streaming
+and not, chat and text completions, usage, models, health, and metrics that add up."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from eaglet.chat import encode_chat
+from eaglet.generate import PlainGenerator
+from eaglet.sampling import SamplingParams
+from tests.serve.conftest import CONTEXT
+
+QUESTIONS = ["the cat sat", "a red fox jumps over the lazy dog", "hi", "blue or red?", "to the mat and then",
+             "if the dog ran", "big", "over and over"]
+
+
+def offline(engine, prompts: list[list[int]], n: int) -> list[str]:
+    """Greedy answers of plain decoding, one prompt at a time: the oracle for every server answer."""
+    gen = PlainGenerator(engine.target, CONTEXT)
+    tok = engine.target.tokenizer
+    return [tok.decode(gen.generate([p], SamplingParams(max_new_tokens=n))[0].tokens, skip_special_tokens=True)
+            for p in prompts]
+
+
+def chat_prompt(engine, q: str) -> list[int]:
+    return encode_chat(engine.target.tokenizer, [{"role": "user", "content": q}])
+
+
+def test_concurrent_greedy_chat_equals_offline_and_metrics_add_up(served):
+    client = served.client()
+    before = {k: served.metric(k) for k in ("eaglet_generation_tokens_total", "eaglet_prompt_tokens_total",
+                                            'eaglet_requests_total{outcome="finished"}')}
+
+    def ask(q):
+        return client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": q}],
+                                              max_tokens=40, temperature=0)
+
+    with ThreadPoolExecutor(8) as pool:  # more requests than rows (4): they queue, join and leave
+        answers = list(pool.map(ask, QUESTIONS))
+    want = offline(served.engine, [chat_prompt(served.engine, q) for q in QUESTIONS], 40)
+    assert [a.choices[0].message.content for a in answers] == want
+    assert all(a.object == "chat.completion" and a.choices[0].message.role == "assistant" for a in answers)
+    completion = sum(a.usage.completion_tokens for a in answers)
+    prompt = sum(a.usage.prompt_tokens for a in answers)
+    assert [a.usage.prompt_tokens for a in answers] == [len(chat_prompt(served.engine, q)) for q in QUESTIONS]
+    assert served.metric("eaglet_generation_tokens_total") - before["eaglet_generation_tokens_total"] == completion
+    assert served.metric("eaglet_prompt_tokens_total") - before["eaglet_prompt_tokens_total"] == prompt
+    assert served.metric('eaglet_requests_total{outcome="finished"}') \
+        - before['eaglet_requests_total{outcome="finished"}'] == len(QUESTIONS)
+    assert served.metric("eaglet_time_to_first_token_seconds_count") >= len(QUESTIONS)
+    assert served.metric("eaglet_verifies_total") > 0 and served.metric("eaglet_accepted_tokens_total") > 0
+    assert served.metric("eaglet_running_rows") == 0 and served.metric("eaglet_queue_depth") == 0
+
+
+def test_streaming_chat_with_usage(served):
+    client = served.client()
+    q = QUESTIONS[1]
+    plain = client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": q}],
+                                           max_tokens=30, temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=served.model, messages=[{"role": "user", "content": q}], max_tokens=30, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_text_completions_streaming_and_not(served):
+    client = served.client()
+    tok = served.engine.target.tokenizer
+    text = "the big dog ran to the"
+    [want] = offline(served.engine, [tok(text, add_special_tokens=False)["input_ids"]], 20)
+    got = client.completions.create(model=served.model, prompt=text, max_tokens=20, temperature=0)
+    assert got.choices[0].text == want and got.usage.completion_tokens == 20 and got.object == "text_completion"
+    streamed = list(client.completions.create(model=served.model, prompt=text, max_tokens=20, temperature=0,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == want
+    ids = client.completions.create(model=served.model, prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    assert ids.usage.prompt_tokens == 3
+
+
+def test_stop_and_sampling_settings(served):
+    client = served.client()
+    msgs = [{"role": "user", "content": QUESTIONS[0]}]
+    full = client.chat.completions.create(model=served.model, messages=msgs, max_tokens=30, temperature=0)
+    text = full.choices[0].message.content
+    stop = next(c for c in text[5:] if c.isascii() and c.isalnum())  # random bytes decode to odd characters
+    cut = client.chat.completions.create(model=served.model, messages=msgs, max_tokens=30, temperature=0, stop=stop)
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(stop)]  # left out, as OpenAI does
+    streamed = client.chat.completions.create(model=served.model, messages=msgs, max_tokens=30, temperature=0,
+                                              stop=[stop, "never"], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == text[: text.index(stop)]
+    seeded = [client.chat.completions.create(model=served.model, messages=msgs, max_tokens=12, temperature=0.9,
+                                             top_p=0.95, seed=7, extra_body={"top_k": 20}) for _ in range(2)]
+    assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
+    assert seeded[0].usage.completion_tokens == 12
+
+
+def test_models_health_metrics(served):
+    models = served.client().models.list()
+    assert [m.id for m in models.data] == [served.model]
+    assert httpx.get(f"{served.url}/health").json() == {"status": "ok"}
+    text = httpx.get(f"{served.url}/metrics").text
+    for name in ("eaglet_requests_total", "eaglet_queue_depth", "eaglet_running_rows", "eaglet_prompt_tokens_total",
+                 "eaglet_generation_tokens_total", "eaglet_time_to_first_token_seconds_bucket",
+                 "eaglet_inter_token_latency_seconds_bucket", "eaglet_verifies_total", "eaglet_accepted_tokens_total",
+                 "eaglet_engine_steps_total"):
+        assert name in text
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, "model"),
+    ({"messages": [{"role": "user", "content": "hi " * 200}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": CONTEXT}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": []}, "messages"),
+])
+def test_bad_requests_get_400_in_openai_envelope(served, body, param):
+    import openai
+
+    body = {"model": served.model, **body}
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client().chat.completions.create(**body)
+    err = e.value.body
+    assert e.value.status_code == 400 and set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+def test_malformed_body_and_bad_prompt_ids(served):
+    r = httpx.post(f"{served.url}/v1/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{served.url}/v1/chat/completions", json={"model": served.model})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(f"{served.url}/v1/completions", json={"model": served.model, "prompt": [10**6]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    # the server goes on
+    ok = served.client().completions.create(model=served.model, prompt="a", max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens == 2
