@@ -224,12 +224,14 @@ def _generate(args: Namespace) -> None:
 
 
 def _bench(args: Namespace) -> None:
-    _target(args)
-    if "spec" in args.methods.split(","):
-        _draft("--draft", args.draft)
     if args.prompts != "builtin":
         input_files("--prompts", args.prompts, builtin=False)
     output_dir("--out", args.out, ours=("report.json",))
+    if args.endpoint:  # a running server is measured: no model of ours is loaded
+        return
+    _target(args)
+    if "spec" in args.methods.split(","):
+        _draft("--draft", args.draft)
     _tree(args)
 
 
@@ -316,4 +318,5 @@ def check(args: Namespace) -> None:
     elif args.command == "draft":
         _draft_import(args)
     else:
-        {"generate": _generate, "bench": _bench, "train": _train, "doctor": _doctor}[args.command](args)
+        checks = {"generate": _generate, "serve": _generate, "bench": _bench, "train": _train, "doctor": _doctor}
+        checks[args.command](args)

@@ -103,12 +103,20 @@ def init_tp(n: int | None = None, device: str | torch.device = "cpu",
             kwargs["device_id"] = dev  # eager NCCL init: a bad setup fails here, not in the first all-reduce
         dist.init_process_group("nccl" if _is_cuda(device) else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
-        atexit.register(_leave)  # under torchrun nothing else ends the group (spawned ranks end it themselves)
+        atexit.register(_leave, True)  # under torchrun nothing else ends the group (spawned ranks end it themselves)
     return TPGroup(rank, world, dist.group.WORLD)
 
 
-def _leave() -> None:
+def _leave(meet: bool = False) -> None:
     if dist.is_initialized():
+        if meet:
+            # Under torchrun the ranks leave at interpreter exit, each on its own schedule; one
+            # that tore the group down while its peer was still on it has been seen to abort
+            # that peer under load ("terminate called without an active exception").
+            try:
+                dist.barrier()
+            except Exception:  # noqa: BLE001  (a peer that already failed: nothing to wait for)
+                pass
         dist.destroy_process_group()
 
 
