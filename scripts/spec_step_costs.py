@@ -102,10 +102,9 @@ def main() -> None:
             t0 = time.perf_counter()
             it = eng._iteration(b, tree, greedy)
             compile_s = time.perf_counter() - t0
-            state.active.zero_()
-            full = cuda_ms(it._run)
+            with state.idle():
+                full = cuda_ms(it._run)
             call = eng._measure(lambda: it(None), state) * 1e3  # noqa: B023 (called at once)
-            state.active.zero_()
             row = {"shape": a.shape, "batch": b, "tree": tree.describe(), "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -94,6 +95,17 @@ class _State:
         self.roots = torch.zeros(batch, dtype=torch.long, device=device)  # [B] pending tokens
         self.active = torch.ones(batch, dtype=torch.long, device=device)  # [B] 0 once a row is done
 
+    @contextmanager
+    def idle(self):
+        """Every row inactive, so an iteration run inside commits nothing; the state is restored after."""
+        saved = [t.clone() for t in (self.seed, self.roots, self.active)]
+        self.active.zero_()
+        try:
+            yield
+        finally:
+            for t, v in zip((self.seed, self.roots, self.active), saved):
+                t.copy_(v)
+
 
 class _Iteration:
     """One whole iteration for one (batch, tree, sampling): grow, verify, accept, commit, extend.
@@ -144,13 +156,9 @@ class _Iteration:
         self._run = run
         self.host = torch.zeros(b, width + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
         if eng.use_graphs:
-            # Warm-up and capture run the iteration for real: with every row inactive they
-            # commit nothing and only write scratch slots; the state they rewrite is restored.
-            saved = [t.clone() for t in (state.seed, state.roots, state.active)]
-            state.active.zero_()
-            self._run = GraphedStep(run)
-            for t, v in zip((state.seed, state.roots, state.active), saved):
-                t.copy_(v)
+            # Warm-up and capture run the iteration for real: idle, they only write scratch slots.
+            with state.idle():
+                self._run = GraphedStep(run)
 
     def __call__(self, gen: torch.Generator) -> list[list[int]]:
         """Run one iteration -> per row [emitted tokens (W)..., count]."""
@@ -239,16 +247,13 @@ class SpecEngine:
         return self._plain[b]
 
     def _measure(self, fn: Callable[[], object], state: _State) -> float:
-        """Median seconds of ``fn`` with every row inactive (commits nothing; the state is restored)."""
-        saved = [t.clone() for t in (state.seed, state.roots, state.active)]
-        state.active.zero_()
+        """Median seconds of ``fn`` run with every row idle (nothing committed)."""
         times = []
-        for _ in range(5):  # the first two warm up
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        for t, v in zip((state.seed, state.roots, state.active), saved):
-            t.copy_(v)
+        with state.idle():
+            for _ in range(5):  # the first two warm up
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
         return sorted(times[2:])[1]
 
     def _costs(self, batch: int, cfg: TreeConfig, params: SamplingParams, gen: torch.Generator) -> None:
