@@ -37,9 +37,12 @@ class AttnMeta:
     n_slots: int | None = None  # S of the dense mask (static shapes); None: the slots in use
 
     def dense_mask(self) -> torch.Tensor:
-        """[B, 1, T, S] True = attend."""
-        if self.mask is not None:
-            return self.mask
+        """[B, 1, T, S] True = attend; built once per forward (every layer reads the same one)."""
+        if self.mask is None:
+            self.mask = self._build_mask()
+        return self.mask
+
+    def _build_mask(self) -> torch.Tensor:
         b, t, e = self.extra.shape
         s = self.n_slots if self.n_slots is not None else int(self.lens.max()) + e
         slot = torch.arange(s, device=self.lens.device).view(1, 1, s)
