@@ -103,11 +103,12 @@ def init_tp(n: int | None = None, device: str | torch.device = "cpu",
             kwargs["device_id"] = dev  # eager NCCL init: a bad setup fails here, not in the first all-reduce
         dist.init_process_group("nccl" if _is_cuda(device) else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
-        atexit.register(_leave, True)  # under torchrun nothing else ends the group (spawned ranks end it themselves)
+        atexit.register(leave_group, True)  # under torchrun nothing else ends the group (spawned ranks end it themselves)
     return TPGroup(rank, world, dist.group.WORLD)
 
 
-def _leave(meet: bool = False) -> None:
+def leave_group(meet: bool = False) -> None:
+    """End this process's part in the group; ``meet`` waits for every rank first (torchrun's exit)."""
     if dist.is_initialized():
         if meet:
             # Under torchrun the ranks leave at interpreter exit, each on its own schedule; one
@@ -272,4 +273,4 @@ def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tup
         sys.stderr.flush()
         # Skip interpreter teardown: destroying a process group whose peers are gone can hang.
         os._exit(1)
-    _leave()
+    leave_group()

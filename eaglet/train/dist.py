@@ -8,6 +8,7 @@ writes logs, checkpoints and the exported draft.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from eaglet.errors import EagletError
+from eaglet.parallel.launch import leave_group
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ def init_distributed(device: str | None) -> DistInfo:
         dev = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        # A rank that exits with the group still up while its peer is exporting has been seen
+        # to abort under load (gloo: "terminate called without an active exception").
+        atexit.register(leave_group, True)
     return DistInfo(rank, world, dev)
 
 
