@@ -361,6 +361,7 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--max-queue", type=integer(0), default=256,
                    help="requests waiting for a row; more are answered 429")
     s.add_argument("--grace", type=number(0), default=30.0, help="seconds running requests get after SIGTERM")
+    _add_tp(s)
     _add_spec_options(s)
     _add_engine_options(s)
 

@@ -66,6 +66,7 @@ CASES = [  # (id, argv, words the message must hold)
     ("serve-max-queue-negative", ["serve", "--target", M, "--max-queue", "-1"], ["--max-queue", ">= 0"]),
     ("serve-grace-negative", ["serve", "--target", M, "--grace", "-5"], ["--grace", ">= 0"]),
     ("serve-draft-missing", ["serve", "--target", M, "--draft", "{ws}/nope"], ["--draft", "not a draft"]),
+    ("serve-tp-not-dividing", ["serve", "--target", M, "--draft", "none", "--tp", "3"], ["tp=3", "divide"]),
     ("bench-batch-size-0", [*BENCH, "--batch-size", "0"], ["--batch-size", ">= 1"]),
     ("bench-prompts-missing", [*BENCH, "--prompts", "{ws}/nope.jsonl"], ["--prompts", "does not exist"]),
     ("bench-prompts-dir", [*BENCH, "--prompts", "{empty}"], ["--prompts", "is a directory"]),

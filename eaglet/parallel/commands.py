@@ -42,7 +42,7 @@ def _note(msg: str) -> None:
         print(f"eaglet: {msg}", file=sys.stderr)
 
 
-def _prepare(args, device: str, dtype: torch.dtype) -> None:
+def check_before_ranks(args, device: str, dtype: torch.dtype) -> None:
     """Refuse a --tp this host or this target cannot run, in one sentence, before starting ranks."""
     check_tp_size(args.tp, device)
     check_shardable(read_config(resolve_target_dir(args.target)), args.tp)  # converts a GGUF once, here
@@ -57,7 +57,7 @@ def _shard(tp: TPGroup, target: str, device: str, dtype: torch.dtype) -> Target:
 
 
 def generate_tp(args, device: str, dtype: torch.dtype) -> int:
-    _prepare(args, device, dtype)
+    check_before_ranks(args, device, dtype)
     result = run_tp(args.tp, generate_rank, args, device, dtype, device=device)
     if args.json and is_main_process():
         print(json.dumps(result))
@@ -147,7 +147,7 @@ def bench_tp(args, cfg) -> int:
     if theirs:
         cfg = dataclasses.replace(cfg, methods=tuple(m for m in cfg.methods if m not in theirs))
         _note(f"at --tp {args.tp} the bench runs {','.join(cfg.methods)} (transformers' methods do not shard)")
-    _prepare(args, cfg.device, cfg.dtype)
+    check_before_ranks(args, cfg.device, cfg.dtype)
     run_tp(args.tp, bench_rank, cfg, device=cfg.device)
     return 0
 
@@ -162,7 +162,7 @@ def bench_rank(tp: TPGroup, cfg) -> None:
 
 
 def capture_tp(args, device: str, dtype: torch.dtype) -> int:
-    _prepare(args, device, dtype)
+    check_before_ranks(args, device, dtype)
     result = run_tp(args.tp, capture_rank, args, device, dtype, device=device)
     if is_main_process():
         print(json.dumps(result))
@@ -193,7 +193,7 @@ def train_tp(args, cfg, regen, device: str, dtype: torch.dtype) -> int:
     if regen is not None:
         raise EagletError(f"--regenerate does not run with --tp {args.tp} yet; regenerate the answers with "
                           "`eaglet data regenerate` and pass that file as --data")
-    _prepare(args, device, dtype)
+    check_before_ranks(args, device, dtype)
     result = run_tp(args.tp, train_rank, args, cfg, device, dtype, start, device=device)
     if is_main_process():
         result.pop("config")

@@ -103,7 +103,8 @@ def init_tp(n: int | None = None, device: str | torch.device = "cpu",
             kwargs["device_id"] = dev  # eager NCCL init: a bad setup fails here, not in the first all-reduce
         dist.init_process_group("nccl" if _is_cuda(device) else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
-        atexit.register(leave_group, True)  # under torchrun nothing else ends the group (spawned ranks end it themselves)
+        # Under torchrun nothing else ends the group (spawned ranks end it themselves).
+        atexit.register(leave_group, True)
     return TPGroup(rank, world, dist.group.WORLD)
 
 
@@ -122,18 +123,21 @@ def leave_group(meet: bool = False) -> None:
 
 
 def run_tp(n: int, fn: Callable[..., Any], *args: Any, device: str | torch.device = "cpu",
-           timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+           timeout_s: float = DEFAULT_TIMEOUT_S, sigterm_to_rank0: bool = False) -> Any:
     """Run ``fn(tp, *args)`` on ``n`` ranks and return rank 0's result.
 
     ``fn`` must be a module-level function and ``args`` and the result picklable (the
     ranks are spawned processes). tp=1 runs ``fn`` here, in this process.
+    ``sigterm_to_rank0``: SIGTERM and SIGINT to this process become one SIGTERM to rank 0,
+    for jobs whose rank 0 decides how the ranks stop (a server); otherwise they end this
+    process and with it the ranks.
     """
     if under_torchrun():
         return fn(init_tp(n, device, timeout_s), *args)
     check_tp_size(n, device)
     if n == 1:
         return fn(SINGLE, *args)
-    return _spawn(n, fn, args, device, timeout_s)
+    return _spawn(n, fn, args, device, timeout_s, sigterm_to_rank0)
 
 
 def _free_port() -> int:
@@ -157,7 +161,8 @@ def _context() -> mp.context.BaseContext:
     return ctx
 
 
-def _spawn(n: int, fn: Callable[..., Any], args: tuple, device: str | torch.device, timeout_s: float) -> Any:
+def _spawn(n: int, fn: Callable[..., Any], args: tuple, device: str | torch.device, timeout_s: float,
+           sigterm_to_rank0: bool = False) -> Any:
     ctx = _context()
     messages = ctx.Queue()
     # The whole environment travels: a forkserver rank would otherwise see the environment
@@ -170,13 +175,22 @@ def _spawn(n: int, fn: Callable[..., Any], args: tuple, device: str | torch.devi
                          args=(r, env, fn, args, str(device), timeout_s, threads, messages))
              for r in range(n)]
     finished = False
+    previous = {}
     try:
         for p in procs:
             p.start()
+        if sigterm_to_rank0:
+            def to_rank0(*_) -> None:
+                if procs[0].is_alive():
+                    os.kill(procs[0].pid, signal.SIGTERM)
+
+            previous = {s: signal.signal(s, to_rank0) for s in (signal.SIGINT, signal.SIGTERM)}
         result = _watch(procs, messages)
         finished = True
         return result
     finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
         _stop(procs, wait_s=10.0 if finished else 0.0)
         messages.close()
 

@@ -2,6 +2,10 @@
 
 SIGTERM (or Ctrl-C) stops admitting at once: waiting requests get 503, running rows
 go on for ``grace_s`` seconds and are then aborted with 503, and the process exits 0.
+
+With ``tp`` > 1 each rank loads its shard; rank 0 runs the server and the others follow
+its engine calls (ranks.py). The launching process hands SIGTERM to rank 0, and the
+followers ignore SIGINT and SIGTERM: rank 0 alone decides when the ranks stop.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.errors import EagletError
+from eaglet.parallel.control import ControlChannel
+from eaglet.parallel.launch import rank_device, run_tp, under_torchrun
+from eaglet.parallel.state import SINGLE, TPGroup
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class ServeConfig:
     tree: tuple[int | None, int | None, int | None] = (None, None, None)  # num_steps, topk, num_draft_tokens
     compile_engine: bool | None = None
     policy: bool = True
+    tp: int = 1
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -42,25 +50,54 @@ class ServeConfig:
             raise EagletError(f"--grace must be >= 0, got {self.grace_s}")
 
 
-def load_engine(cfg: ServeConfig):
-    """PlainGenerator or SpecEngine, as ``eaglet generate`` would build them."""
+def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
+    """PlainGenerator or SpecEngine on this rank's shard, as ``eaglet generate`` would build them."""
     from eaglet.generate import PlainGenerator
     from eaglet.loading import load_target
     from eaglet.speculative import SpecEngine
     from eaglet.speculative.load import load_engine_draft, resolve_draft
 
-    print(f"eaglet: loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})", file=sys.stderr)
-    target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    def say(msg: str) -> None:
+        if tp.rank == 0:
+            print(f"eaglet: {msg}", file=sys.stderr)
+
+    if tp.size == 1:  # above, the command said so before starting the ranks
+        say(f"loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})")
+    target = load_target(cfg.target, dtype=cfg.dtype, device=rank_device(cfg.device), tp=tp)
     draft_path = resolve_draft(cfg.draft, target)
     if draft_path is None:
-        print("eaglet: no draft; plain decoding", file=sys.stderr)
+        say("no draft; plain decoding")
         return PlainGenerator(target, cfg.max_context, compile=cfg.compile_engine)
-    print(f"eaglet: draft {draft_path}", file=sys.stderr)
+    say(f"draft {draft_path}")
     return SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context, *cfg.tree,
                       compile=cfg.compile_engine, adaptive=cfg.policy)
 
 
 def serve(cfg: ServeConfig) -> int:
+    """The whole command: at tp=1 here; above, on ranks started here (or by torchrun)."""
+    if cfg.tp == 1 and not under_torchrun():
+        return run_server(load_engine(cfg), cfg)
+    return run_tp(cfg.tp, serve_rank, cfg, device=cfg.device, sigterm_to_rank0=True)
+
+
+def serve_rank(tp: TPGroup, cfg: ServeConfig) -> int:
+    from eaglet.serve.ranks import LeadingEngine, follow
+
+    channel = ControlChannel(tp)  # before loading: every rank creates the group at the same point
+    engine = load_engine(cfg, tp)
+    if tp.rank != 0:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        follow(engine, channel)
+        return 0
+    leader = LeadingEngine(engine, channel)
+    try:
+        return run_server(leader, cfg)
+    finally:
+        leader.stop()
+
+
+def run_server(engine, cfg: ServeConfig) -> int:
     import uvicorn
 
     from eaglet.serve.app import build_app
@@ -68,7 +105,6 @@ def serve(cfg: ServeConfig) -> int:
     from eaglet.serve.scheduler import Scheduler
     from eaglet.session import bucket_size
 
-    engine = load_engine(cfg)
     metrics = Metrics()
     scheduler = Scheduler(engine, bucket_size(cfg.max_batch, engine.use_graphs), cfg.max_queue, metrics)
     app = build_app(engine, scheduler, metrics, engine.target.name)
@@ -79,6 +115,8 @@ def serve(cfg: ServeConfig) -> int:
     uvicorn_exit = server.handle_exit
 
     def handle_exit(sig, frame) -> None:
+        if sig == signal.SIGINT and cfg.tp > 1:
+            return  # the launching process turns Ctrl-C into the SIGTERM that stops us, once
         scheduler.close(cfg.grace_s)
         uvicorn_exit(sig, frame)
 
