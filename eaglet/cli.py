@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 from eaglet import __version__
-from eaglet.cli_checks import answer_list, device, integer, nonempty, number, point_list
+from eaglet.cli_checks import answer_list, device, integer, nonempty, number, point_list, size_list
 from eaglet.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, EagletError
 
 EXAMPLES = """\
@@ -357,7 +357,13 @@ def _add_serve_parser(sub) -> None:
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=integer(1), default=8000, help="TCP port to listen on")
-    s.add_argument("--max-batch", type=integer(1), default=8, help="rows decoded together (the running batch)")
+    s.add_argument("--max-batch", type=integer(1), default=None,
+                   help="rows decoded together at most (the running batch; default 8)")
+    s.add_argument("--batch-sizes", type=size_list, default=None, metavar="SIZES",
+                   help="the batch sizes a batch may open with, e.g. 1,16,64 (default: the powers of two up to "
+                        "--max-batch); each builds its own CUDA graphs")
+    s.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=None,
+                   help="build every batch size's compiled step before listening (default: on with CUDA graphs)")
     s.add_argument("--max-queue", type=integer(0), default=256,
                    help="requests waiting for a row; more are answered 429")
     s.add_argument("--grace", type=number(0), default=30.0, help="seconds running requests get after SIGTERM")

@@ -71,6 +71,17 @@ def point_list(text: str) -> tuple[int, ...]:
     return ids
 
 
+def size_list(text: str) -> tuple[int, ...]:
+    """Comma-separated distinct positive integers (batch sizes), ascending."""
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise ArgumentTypeError(f"expected distinct positive integers such as 1,16,64, got {text!r}")
+    return tuple(sorted(sizes))
+
+
 def answer_list(text: str) -> tuple[float, ...]:
     """Answer settings: 'greedy' (0) and sampling temperatures > 0, comma-separated and distinct."""
     try:

@@ -198,15 +198,16 @@ def cmd_serve(args) -> int:
     from eaglet.serve.server import ServeConfig, serve
 
     device, dtype = _device_dtype(args)
+    cfg = ServeConfig(target=args.target, draft=args.draft, host=args.host, port=args.port, max_queue=args.max_queue,
+                      max_batch=args.max_batch, batch_sizes=args.batch_sizes, warm_up=args.warm_up,
+                      grace_s=args.grace, device=device, dtype=dtype, max_context=args.max_context,
+                      tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
+                      policy=args.policy == "auto", tp=args.tp)
     if _tp_job(args):
         from eaglet.parallel.commands import check_before_ranks
 
         check_before_ranks(args, device, dtype)
-    return serve(ServeConfig(target=args.target, draft=args.draft, host=args.host, port=args.port,
-                             max_queue=args.max_queue, max_batch=args.max_batch, grace_s=args.grace, device=device,
-                             dtype=dtype, max_context=args.max_context,
-                             tree=(args.num_steps, args.topk, args.num_draft_tokens), compile_engine=args.compile,
-                             policy=args.policy == "auto", tp=args.tp))
+    return serve(cfg)
 
 
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench}

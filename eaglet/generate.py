@@ -147,6 +147,11 @@ class PlainGenerator:
             self._graphs[b] = decode_step(self.target.model, cache, static=True, compile=self.compile, graph=True)
         return self._graphs[b]
 
+    @torch.inference_mode()
+    def prepare(self, batch: int) -> None:
+        """Build (compile, capture) the step of ``batch`` rows now rather than at its first use."""
+        self._step_fn(self._cache(batch))
+
     def session(self, batch: int, params: SamplingParams):
         """A running batch of ``batch`` rows (one live session per batch size: they share a cache)."""
         from eaglet.session import Session

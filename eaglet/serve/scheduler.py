@@ -7,10 +7,12 @@ or a plain step) of every running row, and hands each request its new tokens thr
 asyncio queue. A finished, aborted (client gone) or failed row is released at once and
 its row refilled at the next admission.
 
-Batch size: a batch opens with rows for the requests waiting then (a power of two, at
-most ``max_batch``), so a lone request decodes at batch 1 with batch 1's tree. A full
-batch with requests waiting takes no more rows; once it drains, a larger one opens. An
-empty batch is not kept: the next request opens one sized for the queue at that time.
+Batch size: a batch opens with rows for the requests waiting then: the smallest of the
+allowed ``sizes`` that holds them (by default the powers of two below ``max_batch``, and
+``max_batch``), so a lone request decodes at batch 1 with batch 1's tree. A full batch
+with requests waiting takes no more rows; once it drains, a larger one opens. An empty
+batch is not kept: the next request opens one sized for the queue at that time. Fewer
+sizes mean fewer compiled graphs (each size builds its own) and more padding.
 
 Sampling rule: rows of one session share temperature, top-p and top-k (the engine's
 iteration is compiled per setting); a request whose setting differs from the running
@@ -37,6 +39,11 @@ import torch
 from eaglet.sampling import SamplingParams
 from eaglet.serve.metrics import Metrics
 from eaglet.session import Session, same_sampling
+
+
+def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """The powers of two below ``max_batch``, and ``max_batch``."""
+    return tuple(1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch) + (max_batch,)
 
 
 class QueueFull(Exception):
@@ -78,8 +85,11 @@ class Request:
 
 
 class Scheduler:
-    def __init__(self, engine, max_batch: int, max_queue: int, metrics: Metrics):
-        self.engine, self.max_batch, self.max_queue, self.metrics = engine, max_batch, max_queue, metrics
+    def __init__(self, engine, max_batch: int, max_queue: int, metrics: Metrics,
+                 sizes: tuple[int, ...] | None = None):
+        self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self.sizes = tuple(sorted(sizes)) if sizes else default_batch_sizes(max_batch)
+        self.max_batch = self.sizes[-1]
         self.waiting: deque[Request] = deque()
         self.wake = threading.Condition()
         self.session: Session | None = None
@@ -161,7 +171,8 @@ class Scheduler:
                 return None
             if not joins and self.rows:
                 return None  # another sampling setting, or a larger batch, waits for this one to drain
-            size = 1 if req.exclusive else min(self.max_batch, 1 << (len(self.waiting) - 1).bit_length())
+            size = self.sizes[0] if req.exclusive else next(
+                (n for n in self.sizes if n >= len(self.waiting)), self.max_batch)
             self.waiting.popleft()
             self.metrics.queue_depth.set(len(self.waiting))
         if not joins:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,8 @@ from eaglet.errors import EagletError
 from eaglet.parallel.control import ControlChannel
 from eaglet.parallel.launch import rank_device, run_tp, under_torchrun
 from eaglet.parallel.state import SINGLE, TPGroup
+from eaglet.serve.scheduler import default_batch_sizes
+from eaglet.session import bucket_size
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int = 256
-    max_batch: int = 8
+    max_batch: int | None = None  # rows at most; default 8, or the largest of batch_sizes
+    batch_sizes: tuple[int, ...] | None = None  # the sizes a batch opens with; default: powers of two
+    warm_up: bool | None = None  # build each size's step before listening; default: under CUDA graphs
     grace_s: float = 30.0
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
@@ -40,8 +45,17 @@ class ServeConfig:
     tp: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1:
+        if self.max_batch is not None and self.max_batch < 1:
             raise EagletError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.batch_sizes and self.max_batch is not None and self.max_batch != max(self.batch_sizes):
+            raise EagletError(f"--max-batch {self.max_batch} and --batch-sizes {','.join(map(str, self.batch_sizes))} "
+                              "disagree: the largest batch size is the limit, so give one of them")
+
+    def sizes(self, graphs: bool) -> tuple[int, ...]:
+        """The batch sizes the scheduler opens; under CUDA graphs the default limit is rounded to a power of two."""
+        if self.batch_sizes:
+            return tuple(sorted(self.batch_sizes))
+        return default_batch_sizes(bucket_size(self.max_batch or 8, graphs))
         if self.max_queue < 1:
             raise EagletError(f"--max-queue must be >= 1, got {self.max_queue}")
         if not 0 <= self.port < 65536:
@@ -73,10 +87,25 @@ def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
                       compile=cfg.compile_engine, adaptive=cfg.policy)
 
 
+def warm_up(engine, cfg: ServeConfig, tp: TPGroup = SINGLE) -> None:
+    """Build every batch size's compiled step now, so that no request waits for a compile."""
+    if not (engine.use_graphs if cfg.warm_up is None else cfg.warm_up):
+        return
+    sizes = cfg.sizes(engine.use_graphs)
+    for i, b in enumerate(sizes):
+        t0 = time.perf_counter()
+        engine.prepare(b)
+        if tp.rank == 0:
+            print(f"eaglet: batch {b} ready ({i + 1}/{len(sizes)}, {time.perf_counter() - t0:.1f} s)",
+                  file=sys.stderr, flush=True)
+
+
 def serve(cfg: ServeConfig) -> int:
     """The whole command: at tp=1 here; above, on ranks started here (or by torchrun)."""
     if cfg.tp == 1 and not under_torchrun():
-        return run_server(load_engine(cfg), cfg)
+        engine = load_engine(cfg)
+        warm_up(engine, cfg)
+        return run_server(engine, cfg)
     return run_tp(cfg.tp, serve_rank, cfg, device=cfg.device, sigterm_to_rank0=True)
 
 
@@ -85,6 +114,7 @@ def serve_rank(tp: TPGroup, cfg: ServeConfig) -> int:
 
     channel = ControlChannel(tp)  # before loading: every rank creates the group at the same point
     engine = load_engine(cfg, tp)
+    warm_up(engine, cfg, tp)  # every rank: the steps' collectives pair up
     if tp.rank != 0:
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_IGN)
@@ -103,10 +133,10 @@ def run_server(engine, cfg: ServeConfig) -> int:
     from eaglet.serve.app import build_app
     from eaglet.serve.metrics import Metrics
     from eaglet.serve.scheduler import Scheduler
-    from eaglet.session import bucket_size
 
     metrics = Metrics()
-    scheduler = Scheduler(engine, bucket_size(cfg.max_batch, engine.use_graphs), cfg.max_queue, metrics)
+    sizes = cfg.sizes(engine.use_graphs)
+    scheduler = Scheduler(engine, sizes[-1], cfg.max_queue, metrics, sizes)
     app = build_app(engine, scheduler, metrics, engine.target.name)
     # Handlers end within the grace period (the scheduler aborts what is left); the extra
     # seconds only let their last bytes go out before uvicorn cancels them.
@@ -124,7 +154,7 @@ def run_server(engine, cfg: ServeConfig) -> int:
     # uvicorn raises the signal again after its graceful shutdown; a no-op handler lets us exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     print(f"eaglet: serving {engine.target.name!r} on http://{cfg.host}:{cfg.port}/v1 "
-          f"(batch {scheduler.max_batch}, queue {cfg.max_queue})", file=sys.stderr, flush=True)
+          f"(batch sizes {','.join(map(str, sizes))}, queue {cfg.max_queue})", file=sys.stderr, flush=True)
     server.run()
     scheduler.close(0)
     scheduler.join(cfg.grace_s + 5)

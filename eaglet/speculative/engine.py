@@ -267,6 +267,17 @@ class SpecEngine:
             it = self._iteration(batch, cfg, params)
             self.policy.iteration_s[(batch, cfg)] = self._measure(lambda: it(gen), state)
 
+    @torch.inference_mode()
+    def prepare(self, batch: int) -> None:
+        """Build (compile, capture) and time what a greedy session of ``batch`` rows runs first, now
+        rather than inside its first request: the plain step and the iteration of the policy's tree."""
+        tcache, _, _ = self._cache(batch)
+        cfg = self.policy.tree(batch)
+        if cfg is None:
+            self._plain_step(tcache)
+        else:
+            self._costs(batch, cfg, SamplingParams(), torch.Generator(device=self.device))
+
     def session(self, batch: int, params: SamplingParams) -> SpecSession:
         """A running batch of ``batch`` rows (one live session per batch size: they share its caches)."""
         return SpecSession(self, batch, params)

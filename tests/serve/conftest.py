@@ -48,11 +48,11 @@ def new_engine(dirs) -> SpecEngine:
 class Served:
     """A running server: its URL, scheduler and metrics."""
 
-    def __init__(self, engine, max_batch: int = 4, max_queue: int = 64):
+    def __init__(self, engine, max_batch: int = 4, max_queue: int = 64, sizes: tuple[int, ...] | None = None):
         import uvicorn
 
         self.engine, self.metrics = engine, Metrics()
-        self.scheduler = Scheduler(engine, max_batch, max_queue, self.metrics)
+        self.scheduler = Scheduler(engine, max_batch, max_queue, self.metrics, sizes)
         self.model = engine.target.name
         app = build_app(engine, self.scheduler, self.metrics, self.model)
         port = free_port()

@@ -170,3 +170,19 @@ def test_batch_size_follows_the_queue(served_dirs, one_thread):
     finally:
         s.engine.gate.set()
         s.stop()
+
+
+def test_batch_opens_with_the_smallest_allowed_size(served_dirs, one_thread):
+    s = Served(Gated(new_engine(served_dirs)), max_queue=8, sizes=(1, 4))
+    try:
+        (first, _), (second, _) = one_running_one_waiting(s)
+        assert s.metric("eaglet_batch_rows") == 1
+        third = background(lambda: ask(s))[0]
+        wait_for(lambda: s.metric("eaglet_queue_depth") == 2)
+        s.engine.gate.set()
+        for t in (first, second, third):
+            t.join(20)
+        assert s.metric("eaglet_batch_rows") == 4  # two waiting: 2 is not allowed, so the next size up
+    finally:
+        s.engine.gate.set()
+        s.stop()

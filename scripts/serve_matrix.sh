@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The serving numbers of docs/performance.md: `eaglet serve` measured from the client side by
+# `eaglet bench --endpoint` at each concurrency, speculation on (the shipped draft) and off,
+# then the offline `eaglet bench` at batch 1 on the same prompts (the server at concurrency 1
+# should be within 10% of it). Prints one table at the end.
+#
+#   scripts/serve_matrix.sh [TARGET] [OUTDIR]            (defaults: smollm2-135m runs/serve)
+#
+# Env: PROMPTS (default builtin), N requests per run (64), MAX_NEW tokens (256), LEVELS of
+# concurrency ("1 16 64"), SIZES the server's batch sizes (1,16,64: each builds its own graphs,
+# all before the server listens), PORT (8123), SERVE_ARGS (extra serve options),
+# RUN_TIMEOUT seconds per bench run (300).
+set -u
+target=${1:-smollm2-135m}
+out=${2:-runs/serve}
+prompts=${PROMPTS:-builtin}
+n=${N:-64}
+max_new=${MAX_NEW:-256}
+port=${PORT:-8123}
+mkdir -p "$out"
+
+up() {
+  python3 - "$port" <<'EOF'
+import sys, time, httpx
+deadline = time.monotonic() + 1200
+while time.monotonic() < deadline:
+    try:
+        if httpx.get(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).status_code == 200:
+            sys.exit(0)
+    except httpx.TransportError:
+        pass
+    time.sleep(1)
+sys.exit(1)
+EOF
+}
+
+for draft in default none; do
+  echo "== serve --draft $draft"
+  # shellcheck disable=SC2086
+  python3 -m eaglet.cli serve --target "$target" --draft "$draft" --port "$port" --batch-sizes "${SIZES:-1,16,64}" \
+    --warm-up ${SERVE_ARGS:-} >"$out/serve-$draft.log" 2>&1 &
+  server=$!
+  if ! up; then
+    echo "the server did not come up"; tail -n 20 "$out/serve-$draft.log"; kill "$server"; exit 1
+  fi
+  grep "ready\|serving" "$out/serve-$draft.log"
+  for c in ${LEVELS:-1 16 64}; do
+    timeout "${RUN_TIMEOUT:-300}" python3 -m eaglet.cli bench --endpoint "http://127.0.0.1:$port" --prompts "$prompts" \
+      --limit "$n" --max-new-tokens "$max_new" --concurrency "$c" --out "$out/$draft-c$c" >"$out/$draft-c$c.log" 2>&1
+    echo "concurrency $c: exit $?"
+  done
+  kill -TERM "$server"
+  wait "$server"
+  grep -i "tree\|switch" "$out/serve-$draft.log" | tail -n 12
+done
+
+echo "== offline bench, batch 1"
+timeout "${RUN_TIMEOUT:-300}" python3 -m eaglet.cli bench --target "$target" --prompts "$prompts" --limit "$n" \
+  --max-new-tokens "$max_new" --batch-size 1 --methods plain,spec --out "$out/offline" >"$out/offline.log" 2>&1
+echo "exit $?"
+
+python3 - "$out" ${LEVELS:-1 16 64} <<'EOF'
+import json, sys
+from pathlib import Path
+out, levels = Path(sys.argv[1]), sys.argv[2:]
+def load(p):
+    try:
+        return json.loads((p / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+print(f"{'run':<14}{'tok/s':>9}{'spec/plain':>11}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>9}{'itl p99':>9}{'failed':>8}")
+for c in levels:
+    got = {d: load(out / f"{d}-c{c}") for d in ("default", "none")}
+    for d, name in (("none", "plain"), ("default", "spec")):
+        r = got[d]
+        if r is None:
+            print(f"{name + ' c' + c:<14}{'missing':>9}")
+            continue
+        s = r["summary"]
+        ratio = ""
+        if d == "default" and got["none"]:
+            ratio = f"{s['output_tok_per_s'] / got['none']['summary']['output_tok_per_s']:.2f}x"
+        ms = lambda x: f"{1000 * x:.1f}" if x is not None else "-"
+        print(f"{name + ' c' + c:<14}{s['output_tok_per_s']:>9.1f}{ratio:>11}{ms(s['ttft_s']['median']):>10}"
+              f"{ms(s['ttft_s']['p99']):>10}{ms(s['itl_s']['median']):>9}{ms(s['itl_s']['p99']):>9}{s['failed']:>8}")
+off = load(out / "offline")
+if off:
+    m = off["methods"]
+    print("offline batch 1: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} tok/s" for k, v in m.items())
+          + f"; spec/plain {off['speedup'].get('spec_over_plain')}")
+    c1 = load(out / "default-c1")
+    if c1 and m.get("spec", {}).get("tokens_per_s"):
+        print(f"server spec c1 / offline spec b1: {c1['summary']['output_tok_per_s'] / m['spec']['tokens_per_s']:.2f}")
+print("(ms; tok/s = completion tokens over the run's wall time)")
+EOF
