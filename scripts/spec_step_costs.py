@@ -77,7 +77,7 @@ def main() -> None:
     target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
     draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), a.draft_vocab))
-    draft = draft.to(a.device, torch.bfloat16).eval().requires_grad_(False)
+    draft = draft.to(a.device, torch.bfloat16).eval().requires_grad_(False).fuse_projections()  # as served
     draft.set_vocab(torch.arange(a.draft_vocab, device=a.device))
     greedy = SamplingParams()
     rows, lines = [], []

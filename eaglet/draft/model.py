@@ -84,12 +84,17 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.register_buffer("qkv", None, persistent=False)  # [(nq+2nkv)*D, 2H], set by fuse_projections
 
     def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
         b, t, _ = x.shape
-        q = apply_rotary(self.q_proj(x).view(b, t, self.n_q, self.d), cos, sin)  # [B, T, nq, D]
-        k = apply_rotary(self.k_proj(x).view(b, t, self.n_kv, self.d), cos, sin)  # [B, T, nkv, D]
-        v = self.v_proj(x).view(b, t, self.n_kv, self.d)
+        if cache is not None and self.qkv is not None:
+            q, k, v = F.linear(x, self.qkv).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = apply_rotary(q.view(b, t, self.n_q, self.d), cos, sin)  # [B, T, nq, D]
+        k = apply_rotary(k.view(b, t, self.n_kv, self.d), cos, sin)  # [B, T, nkv, D]
+        v = v.view(b, t, self.n_kv, self.d)
         if cache is not None:
             cache.write(0, k, v, meta.slots)
             out = cached_attention(q, cache, 0, meta)  # [B, T, nq, D]
@@ -113,9 +118,14 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.register_buffer("gate_up", None, persistent=False)  # [2I, H], set by fuse_projections
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, fused: bool = False):
+        if fused and self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class PointNorm(nn.Module):
@@ -175,7 +185,20 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rotary(meta.positions)
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
         h = hidden + layer.self_attn(x, cos, sin, meta, cache, past)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + layer.mlp(layer.post_attention_layernorm(h), fused=cache is not None)
+
+    def fuse_projections(self) -> Eagle3Draft:
+        """For serving: q/k/v and gate/up as one matrix each, so a draft step runs two GEMMs where it
+        ran five (at decode sizes each is a kernel launch, and the draft's steps are launch-bound).
+
+        The fused weights are copies, read only on the cache (inference) path; training reads the
+        separate parameters. Call it on a draft whose weights no longer change (a loaded one).
+        """
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        with torch.no_grad():
+            attn.qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            mlp.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        return self
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(out))  # [..., draft_vocab]

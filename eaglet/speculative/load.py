@@ -42,10 +42,10 @@ def resolve_draft(spec: str, target: Target) -> Path | None:
 
 
 def load_engine_draft(path: Path, target: Target):
-    """The draft at ``path``, on the target's device and in its dtype; a draft recorded for
-    another target (hidden size, vocabulary, layers, tokenizer) is refused."""
+    """The draft at ``path``, on the target's device and in its dtype, its projections fused for
+    serving; a draft recorded for another target (hidden size, vocabulary, layers, tokenizer) is refused."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
     draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
-    return draft
+    return draft.fuse_projections()
