@@ -53,3 +53,23 @@ def save_deepseek(hf, path: Path, model_type: str | None = None) -> Path:
 @pytest.fixture(autouse=True, scope="module")
 def one_thread(one_thread):
     yield
+
+
+def make_tiny_deepseek_dir(path: Path, seed: int = 0, head_scale: float = 4.0, **overrides) -> Path:
+    """An HF directory (config, safetensors, tokenizer) of a 4-layer random DeepSeek-V3 (1 dense + 3 MoE),
+    with tests/train's byte-level tokenizer and chat template (vocabulary 260)."""
+    from tests.train.helpers import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    hf = make_hf_deepseek(seed=seed, vocab_size=len(tok), num_hidden_layers=4,
+                          eos_token_id=tok.convert_tokens_to_ids("<|end|>"), **overrides)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(head_scale)  # peaked next-token distributions, as tests/train's target
+    save_deepseek(hf, path)
+    tok.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def ds_target_dir(tmp_path_factory) -> Path:
+    return make_tiny_deepseek_dir(tmp_path_factory.mktemp("ds-target-dir"))
