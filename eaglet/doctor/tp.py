@@ -36,8 +36,8 @@ def check_tp(target: str, tp: int | None, prompts: list[list[int]], points: tupl
             share = d.vs_tp1 / max(d.scale, 1e-30)
             hint = f"; off by {share:.2f} of its size, as a per-rank partial sum (1 - 1/{tp}) would be" \
                 if abs(share - (1 - 1 / tp)) < 0.1 else ""
-            chk.flag(FAIL, f"{d.name} differs at tp={tp}{_layer_of(d.name)}: across ranks {d.across_ranks:.3g}, from tp=1 "
-                           f"{d.vs_tp1:.3g} (limit {d.limit:.2g}){hint}")
+            chk.flag(FAIL, f"{d.name} differs at tp={tp}{_layer_of(d.name)}: across ranks {d.across_ranks:.3g}, "
+                           f"from tp=1 {d.vs_tp1:.3g} (limit {d.limit:.2g}){hint}")
     chk.lines = rep.format().splitlines()[1:]
     chk.evidence = {"tp": tp, "dtype": rep.dtype, "tokens": rep.tokens,
                     "diffs": [{"name": d.name, "across_ranks": d.across_ranks, "vs_tp1": d.vs_tp1,
