@@ -101,7 +101,10 @@ class Experts(nn.Module):
         flat = ids.reshape(-1)  # [M*k]: one entry per (token, choice)
         order = flat.argsort(stable=True)  # entries grouped by expert
         token = order // k  # [M*k] the token of each sorted entry
-        ends = torch.bincount(flat, minlength=self.gate_up.shape[0]).cumsum(0).to(torch.int32)  # [E]
+        # Counted by scatter_add, not bincount: bincount reads its output size back to the host,
+        # which a CUDA graph cannot hold.
+        counts = torch.zeros(self.gate_up.shape[0], dtype=torch.long, device=ids.device)
+        ends = counts.scatter_add_(0, flat, torch.ones_like(flat)).cumsum(0).to(torch.int32)  # [E]
         gate, up = _grouped_mm(x[token], self.gate_up, ends).chunk(2, dim=-1)  # [M*k, I/tp] each
         y = _grouped_mm(F.silu(gate) * up, self.down, ends)  # [M*k, H]
         y = (y * weights.reshape(-1)[order].unsqueeze(-1)).to(x.dtype)
