@@ -82,23 +82,18 @@ def synthetic_tree(batch: int, steps: int, topk: int, nodes: int, vocab: int, de
 
 
 def timed_ms(fn, cuda: bool, reps: int) -> float:
+    if cuda:
+        from scripts.spec_step_costs import cuda_ms
+
+        return cuda_ms(fn, reps)
     for _ in range(3):
         fn()
-    if not cuda:
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return 1e3 * statistics.median(times)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    times = []
     for _ in range(reps):
+        t = time.perf_counter()
         fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
 
 
 def experts_chosen(model, fn) -> list[int]:

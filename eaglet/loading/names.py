@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from torch import nn
 
@@ -11,9 +11,10 @@ from eaglet.errors import EagletError
 from eaglet.models.layers import TensorSource
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+Getter = Callable[[str], TensorSource]
 
 
-def _getter(tensors: dict[str, TensorSource]) -> Callable[[str], TensorSource]:
+def _getter(tensors: dict[str, TensorSource]) -> Getter:
     def get(name: str) -> TensorSource:
         if name not in tensors:
             raise EagletError(f"the checkpoint lacks the tensor '{name}'")
@@ -22,7 +23,7 @@ def _getter(tensors: dict[str, TensorSource]) -> Callable[[str], TensorSource]:
     return get
 
 
-def _assign_ends(model: nn.Module, get: Callable[[str], TensorSource]) -> None:
+def _assign_ends(model: nn.Module, get: Getter) -> None:
     """Embedding, final norm and LM head: named alike in every family."""
     model.embed.load(get("model.embed_tokens.weight"))
     model.norm.load(get("model.norm.weight"))
@@ -30,22 +31,29 @@ def _assign_ends(model: nn.Module, get: Callable[[str], TensorSource]) -> None:
         model.lm_head.load(get("lm_head.weight"))
 
 
-def _assign_mlp(mlp: nn.Module, get: Callable[[str], TensorSource], p: str) -> None:
+def _assign_mlp(mlp: nn.Module, get: Getter, p: str) -> None:
     """gate/up/down of an MLP named ``{p}gate_proj.weight`` and so on."""
     mlp.gate_up.load(0, get(p + "gate_proj.weight"))
     mlp.gate_up.load(1, get(p + "up_proj.weight"))
     mlp.down.load(get(p + "down_proj.weight"))
 
 
-def assign(model: nn.Module, tensors: dict[str, TensorSource]) -> None:
-    """Load every tensor the model needs; a missing one is an error naming it."""
-    cfg = model.cfg
+def _layers(model: nn.Module, tensors: dict[str, TensorSource]) -> Iterator[tuple[int, nn.Module, str, Getter]]:
+    """Load what every family names alike (embedding, final norm, LM head, each layer's two norms),
+    then yield (index, layer, its name prefix, getter) for the family's own tensors."""
     get = _getter(tensors)
     _assign_ends(model, get)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         layer.input_norm.load(get(p + "input_layernorm.weight"))
         layer.post_norm.load(get(p + "post_attention_layernorm.weight"))
+        yield i, layer, p, get
+
+
+def assign(model: nn.Module, tensors: dict[str, TensorSource]) -> None:
+    """Load every tensor the model needs; a missing one is an error naming it."""
+    cfg = model.cfg
+    for _, layer, p, get in _layers(model, tensors):
         attn = layer.attn
         for part in ("q", "k", "v"):
             attn.qkv.load(part, get(f"{p}self_attn.{part}_proj.weight"))
@@ -66,12 +74,7 @@ def assign_deepseek(model: nn.Module, tensors: dict[str, TensorSource]) -> None:
         raise EagletError(f"the checkpoint holds FP8 block scales ({scales[0]}, ...); eaglet loads "
                           "bfloat16/float16/float32 weights: dequantise it first (DeepSeek ships fp8_cast_bf16.py)")
     cfg = model.cfg
-    get = _getter(tensors)
-    _assign_ends(model, get)
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        layer.input_norm.load(get(p + "input_layernorm.weight"))
-        layer.post_norm.load(get(p + "post_attention_layernorm.weight"))
+    for i, layer, p, get in _layers(model, tensors):
         attn, a = layer.attn, p + "self_attn."
         if attn.q_a is not None:
             attn.q_a.load(get(a + "q_a_proj.weight"))

@@ -11,11 +11,11 @@ from __future__ import annotations
 from torch import nn
 
 from eaglet.models.deepseek_config import DeepseekConfig
-from eaglet.models.layers import MLP, ParallelLMHead, RMSNorm, Rotary, TensorSource, VocabParallelEmbedding
+from eaglet.models.layers import MLP, RMSNorm, Rotary, TensorSource
 from eaglet.models.llama import Transformer
 from eaglet.models.mla import LatentAttention, LatentCache
 from eaglet.models.moe import MoE
-from eaglet.parallel.state import SINGLE, TPGroup
+from eaglet.parallel.state import TPGroup
 
 
 class DecoderLayer(nn.Module):
@@ -35,17 +35,12 @@ class DecoderLayer(nn.Module):
 
 
 class DeepseekTransformer(Transformer):
-    def __init__(self, cfg: DeepseekConfig, tp: TPGroup = SINGLE, max_pos: int | None = None):
-        nn.Module.__init__(self)  # not Transformer.__init__: it builds Llama layers
-        self.cfg = cfg
-        self.tp = tp
-        self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp,
-                                      self.embed if cfg.tie_word_embeddings else None)
+    layer_class = DecoderLayer
+
+    @staticmethod
+    def rotary_table(cfg: DeepseekConfig, max_pos: int) -> Rotary:
         inv_freq, scale = cfg.rope_tables()
-        self.rotary = Rotary(None, max_pos or cfg.max_position_embeddings, inv_freq, scale)  # [P, qk_rope_head_dim]
+        return Rotary(None, max_pos, inv_freq, scale)  # [P, qk_rope_head_dim], YaRN's factor on cos/sin
 
     def new_cache(self, batch: int, capacity: int) -> LatentCache:
         p, c = self.embed.weight, self.cfg
