@@ -36,8 +36,8 @@ def check_tp(target: str, tp: int | None, prompts: list[list[int]], points: tupl
             share = d.vs_tp1 / max(d.scale, 1e-30)
             hint = f"; off by {share:.2f} of its size, as a per-rank partial sum (1 - 1/{tp}) would be" \
                 if abs(share - (1 - 1 / tp)) < 0.1 else ""
-            chk.flag(FAIL, f"{d.name} differs at tp={tp}: across ranks {d.across_ranks:.3g}, from tp=1 "
-                           f"{d.vs_tp1:.3g} (limit {d.limit:.2g}){hint}")
+            chk.flag(FAIL, f"{d.name} differs at tp={tp}{_layer_of(d.name)}: across ranks {d.across_ranks:.3g}, "
+                           f"from tp=1 {d.vs_tp1:.3g} (limit {d.limit:.2g}){hint}")
     chk.lines = rep.format().splitlines()[1:]
     chk.evidence = {"tp": tp, "dtype": rep.dtype, "tokens": rep.tokens,
                     "diffs": [{"name": d.name, "across_ranks": d.across_ranks, "vs_tp1": d.vs_tp1,
@@ -45,3 +45,12 @@ def check_tp(target: str, tp: int | None, prompts: list[list[int]], points: tupl
     chk.summary = (f"tp={tp} matches tp=1 at every point and the logits ({rep.tokens} positions)"
                    if rep.ok else f"tp={tp} differs from tp=1")
     return chk
+
+
+def _layer_of(name: str) -> str:
+    """Which layer to suspect for a bad point: point j is the output of layer j - 1."""
+    if not name.startswith("point "):
+        return ""
+    j = int(name.split()[1])
+    what = "the embedding output" if j == 0 else f"the output of layer {j - 1}"
+    return f" ({what}: an all-reduce there is missing or deferred past the capture)"

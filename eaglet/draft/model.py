@@ -63,9 +63,10 @@ class DraftConfig:
     @classmethod
     def for_target(cls, t: ModelConfig, capture: CaptureSpec, draft_vocab_size: int,
                    aux_norm: bool = False) -> DraftConfig:
-        """A draft shaped like one layer of the target (EAGLE-3's choice)."""
-        return cls(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_heads=t.num_heads,
-                   num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, vocab_size=t.vocab_size,
+        """A draft shaped like one layer of the target (EAGLE-3's choice; see ``draft_shape``)."""
+        inter, heads, kv_heads, head_dim = t.draft_shape()
+        return cls(hidden_size=t.hidden_size, intermediate_size=inter, num_heads=heads,
+                   num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=t.vocab_size,
                    draft_vocab_size=min(draft_vocab_size, t.vocab_size), capture=capture,
                    rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
                    max_position_embeddings=t.max_position_embeddings, aux_norm=aux_norm)

@@ -10,7 +10,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from eaglet.errors import EagletError
-from eaglet.models.config import ModelConfig
+from eaglet.models.config import ModelConfig, target_config
+from eaglet.models.deepseek_config import DeepseekConfig
 
 
 class SafetensorsSource:
@@ -37,12 +38,12 @@ class MemorySource:
         return self.tensor.narrow(dim, start, length)
 
 
-def read_config(path: Path) -> ModelConfig:
+def read_config(path: Path) -> ModelConfig | DeepseekConfig:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise EagletError(f"{path} has no config.json; pass a Hugging Face model directory or a .gguf file")
     try:
-        return ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+        return target_config(json.loads(cfg_file.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise EagletError(f"{cfg_file} is not valid JSON ({e})") from None
 

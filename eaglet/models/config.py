@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from eaglet.errors import EagletError
+from eaglet.models.deepseek_config import MODEL_TYPES as DEEPSEEK_TYPES
+from eaglet.models.deepseek_config import DeepseekConfig
 
 # model_type -> (attention bias on q/k/v, RMSNorm on q and k per head)
 SUPPORTED = {
@@ -67,9 +69,8 @@ class ModelConfig:
             arch = (d.get("architectures") or ["<none>"])[0]
             raise EagletError(f"config.json has no model_type (architectures: {arch})")
         if model_type not in SUPPORTED:
-            raise EagletError(
-                f"unsupported architecture '{model_type}': eaglet runs {', '.join(sorted(SUPPORTED))}"
-            )
+            raise EagletError(f"unsupported architecture '{model_type}': eaglet runs "
+                              f"{', '.join(sorted(SUPPORTED) + list(DEEPSEEK_TYPES))}")
         bias, qk_norm = SUPPORTED[model_type]
         # transformers gives qwen2 a q/k/v bias and mistral none whatever attention_bias says;
         # llama and qwen3 read it, and then o_proj has a bias too, which eaglet does not model.
@@ -152,6 +153,10 @@ class ModelConfig:
             "eos_token_id": eos[0] if len(eos) == 1 else eos,
         }
 
+    def draft_shape(self) -> tuple[int, int, int, int]:
+        """(intermediate, heads, kv heads, head dim) of an EAGLE-3 draft layer: one layer of this target."""
+        return self.intermediate_size, self.num_heads, self.num_kv_heads, self.head_dim
+
     @property
     def context_window(self) -> int:
         """Longest sequence this runtime computes exactly."""
@@ -159,3 +164,10 @@ class ModelConfig:
 
     def replace(self, **kw) -> ModelConfig:
         return dataclasses.replace(self, **kw)
+
+
+def target_config(d: dict) -> ModelConfig | DeepseekConfig:
+    """The config of a target from its HF config.json dict: the DeepSeek-V3 family or a Llama-family one."""
+    if d.get("model_type") in DEEPSEEK_TYPES:
+        return DeepseekConfig.from_hf(d)
+    return ModelConfig.from_hf(d)

@@ -88,13 +88,15 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 class Rotary(nn.Module):
     """cos/sin tables [max_pos, head_dim], indexed by explicit per-token positions."""
 
-    def __init__(self, cfg: ModelConfig, max_pos: int):
+    def __init__(self, cfg: ModelConfig | None, max_pos: int, inv_freq: torch.Tensor | None = None,
+                 scale: float = 1.0):
+        # ``inv_freq`` and ``scale`` (YaRN's factor on cos/sin) replace the config's when given.
         super().__init__()
         t = torch.arange(max_pos, dtype=torch.float32)
-        freqs = torch.outer(t, rope_inv_freq(cfg))  # [P, D/2]
+        freqs = torch.outer(t, rope_inv_freq(cfg) if inv_freq is None else inv_freq)  # [P, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [B, T] -> cos, sin [B, T, 1, D] (broadcast over heads)
@@ -225,29 +227,54 @@ class MergedColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Input split over ranks; partial products summed by all-reduce."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup):
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, reduce: bool = True):
+        # ``reduce=False``: the caller sums this partial product with others before one all-reduce.
         super().__init__()
         if in_features % tp.size:
             raise EagletError(f"row-parallel input {in_features} does not divide by tp={tp.size}")
         self.tp = tp
+        self.reduce = reduce
         self.part = in_features // tp.size
         self.full = in_features
         self.start = tp.rank * self.part
         self.weight = _param(out_features, self.part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        y = F.linear(x, self.weight)
+        return self.tp.all_reduce(y) if self.reduce else y
 
     def load(self, src: TensorSource) -> None:
         cols = _narrow(src, 1, self.start, self.part, self.full, "o_proj/down_proj")
         _copy(self.weight, cols, "o_proj/down_proj")
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE):
+class ColumnParallelLinear(nn.Module):
+    """Output rows split evenly over ranks (callers check that whole heads land on each rank)."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup):
         super().__init__()
-        self.gate_up = MergedColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, tp)
-        self.down = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, tp)
+        if out_features % tp.size:
+            raise EagletError(f"column-parallel output {out_features} does not divide by tp={tp.size}")
+        self.part = out_features // tp.size
+        self.full = out_features
+        self.start = tp.rank * self.part
+        self.weight = _param(self.part, in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def load(self, src: TensorSource) -> None:
+        _copy(self.weight, _narrow(src, 0, self.start, self.part, self.full, "column-parallel weight"),
+              "column-parallel weight")
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE, inter: int | None = None, reduce: bool = True):
+        # ``inter`` overrides the config's width (a shared expert); ``reduce`` as in RowParallelLinear.
+        super().__init__()
+        inter = inter or cfg.intermediate_size
+        self.gate_up = MergedColumnParallelLinear(cfg.hidden_size, inter, tp)
+        self.down = RowParallelLinear(inter, cfg.hidden_size, tp, reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)

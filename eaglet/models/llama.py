@@ -79,16 +79,22 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    layer_class = DecoderLayer  # another family's target subclasses this with its own layers and rotary table
+
     def __init__(self, cfg: ModelConfig, tp: TPGroup = SINGLE, max_pos: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
         self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp,
                                       self.embed if cfg.tie_word_embeddings else None)
-        self.rotary = Rotary(cfg, max_pos or cfg.max_position_embeddings)
+        self.rotary = self.rotary_table(cfg, max_pos or cfg.max_position_embeddings)
+
+    @staticmethod
+    def rotary_table(cfg: ModelConfig, max_pos: int) -> Rotary:
+        return Rotary(cfg, max_pos)
 
     @property
     def n_kv_local(self) -> int:
