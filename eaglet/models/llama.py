@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.models.attention import attention, cached_attention
 from eaglet.models.config import ModelConfig
@@ -128,7 +129,32 @@ class Transformer(nn.Module):
         return self.lm_head.rows(ids)
 
     def load_weights(self, tensors: dict[str, TensorSource]) -> None:
-        """Fill every parameter from HF-named checkpoint tensors (``model.layers.0...``)."""
-        from eaglet.loading.names import assign
+        """Fill every parameter from HF-named checkpoint tensors (``model.layers.0...``); a missing one is an
+        error naming it."""
+        cfg = self.cfg
 
-        assign(self, tensors)
+        def get(name: str) -> TensorSource:
+            if name not in tensors:
+                raise EagletError(f"the checkpoint lacks the tensor '{name}'")
+            return tensors[name]
+
+        self.embed.load(get("model.embed_tokens.weight"))
+        self.norm.load(get("model.norm.weight"))
+        if not cfg.tie_word_embeddings:
+            self.lm_head.load(get("lm_head.weight"))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            layer.input_norm.load(get(p + "input_layernorm.weight"))
+            layer.post_norm.load(get(p + "post_attention_layernorm.weight"))
+            attn = layer.attn
+            for part in ("q", "k", "v"):
+                attn.qkv.load(part, get(f"{p}self_attn.{part}_proj.weight"))
+                if cfg.attention_bias:
+                    attn.qkv.load(part, get(f"{p}self_attn.{part}_proj.bias"), bias=True)
+            attn.o.load(get(p + "self_attn.o_proj.weight"))
+            if cfg.qk_norm:
+                attn.q_norm.load(get(p + "self_attn.q_norm.weight"))
+                attn.k_norm.load(get(p + "self_attn.k_norm.weight"))
+            layer.mlp.gate_up.load(0, get(p + "mlp.gate_proj.weight"))
+            layer.mlp.gate_up.load(1, get(p + "mlp.up_proj.weight"))
+            layer.mlp.down.load(get(p + "mlp.down_proj.weight"))

@@ -103,7 +103,8 @@ def init_tp(n: int | None = None, device: str | torch.device = "cpu",
             kwargs["device_id"] = dev  # eager NCCL init: a bad setup fails here, not in the first all-reduce
         dist.init_process_group("nccl" if _is_cuda(device) else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
-        atexit.register(leave_group, True)  # under torchrun nothing else ends the group (spawned ranks end it themselves)
+        # Under torchrun nothing else ends the group (spawned ranks end it themselves).
+        atexit.register(leave_group, True)
     return TPGroup(rank, world, dist.group.WORLD)
 
 

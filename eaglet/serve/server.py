@@ -8,56 +8,25 @@ from __future__ import annotations
 
 import signal
 import sys
-from dataclasses import dataclass
 
-import torch
-
-from eaglet.errors import EagletError
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    target: str
-    draft: str = "default"  # 'default', 'none' or a draft directory
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_queue: int = 256
-    max_batch: int = 8
-    grace_s: float = 30.0
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
-    max_context: int | None = None
-    tree: tuple[int | None, int | None, int | None] = (None, None, None)  # num_steps, topk, num_draft_tokens
-    compile_engine: bool | None = None
-    policy: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise EagletError(f"--max-batch must be >= 1, got {self.max_batch}")
-        if self.max_queue < 1:
-            raise EagletError(f"--max-queue must be >= 1, got {self.max_queue}")
-        if not 0 <= self.port < 65536:
-            raise EagletError(f"--port must be in 0..65535, got {self.port}")
-        if self.grace_s < 0:
-            raise EagletError(f"--grace must be >= 0, got {self.grace_s}")
+from eaglet.options import ServeConfig
 
 
 def load_engine(cfg: ServeConfig):
     """PlainGenerator or SpecEngine, as ``eaglet generate`` would build them."""
     from eaglet.generate import PlainGenerator
     from eaglet.loading import load_target
-    from eaglet.speculative import SpecEngine
-    from eaglet.speculative.load import load_engine_draft, resolve_draft
+    from eaglet.speculative.load import resolve_draft, spec_engine
 
-    print(f"eaglet: loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})", file=sys.stderr)
-    target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    t = cfg.target
+    print(f"eaglet: loading {t.target} on {t.device} ({t.dtype})", file=sys.stderr)
+    target = load_target(t.target, dtype=t.torch_dtype, device=t.device)
     draft_path = resolve_draft(cfg.draft, target)
     if draft_path is None:
         print("eaglet: no draft; plain decoding", file=sys.stderr)
-        return PlainGenerator(target, cfg.max_context, compile=cfg.compile_engine)
+        return PlainGenerator(target, t.max_context, compile=cfg.engine.compile)
     print(f"eaglet: draft {draft_path}", file=sys.stderr)
-    return SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context, *cfg.tree,
-                      compile=cfg.compile_engine, adaptive=cfg.policy)
+    return spec_engine(target, draft_path, t.max_context, cfg.engine)
 
 
 def serve(cfg: ServeConfig) -> int:
