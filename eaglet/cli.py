@@ -3,7 +3,8 @@
 eaglet generate | bench | data regenerate | data capture | train | draft import | doctor | serve
 
 Each option's type refuses a bad value while parsing; ``cli_checks.check`` then checks paths
-and options that go together, all before a model loads; ``commands.py`` runs the command.
+and options that go together, all before a model loads; ``cli_options`` turns the arguments into
+the typed options of ``options.py`` (where every default is written), and ``commands/`` runs them.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import argparse
 import sys
 import textwrap
 
-from eaglet import __version__
+from eaglet import __version__, options
 from eaglet.cli_checks import answer_list, device, integer, nonempty, number, point_list, size_list
-from eaglet.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, EagletError
+from eaglet.doctor.config import DoctorConfig
+from eaglet.errors import EXIT_INTERRUPTED, EXIT_USAGE, EagletError, internal_error
 
 EXAMPLES = """\
 examples:
@@ -60,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_target(p: argparse.ArgumentParser, context: bool = True) -> None:
-    p.add_argument("--target", default="smollm2-135m",
+    p.add_argument("--target", default=options.DEFAULT_TARGET,
                    help="the target model: an embedded name (smollm2-135m), a Hugging Face model directory "
                         "(config.json, safetensors, tokenizer) or a .gguf file")
     p.add_argument("--device", type=device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -72,18 +74,18 @@ def _add_target(p: argparse.ArgumentParser, context: bool = True) -> None:
                             "capped at 4096)")
 
 
-def _add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
-    p.add_argument("--max-new-tokens", type=integer(1), default=256, help="tokens generated per answer at most")
-    p.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature; 0 = greedy")
-    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0,
+def _add_sampling(p: argparse.ArgumentParser, defaults: options.SamplingParams) -> None:
+    seed = defaults.seed
+    p.add_argument("--max-new-tokens", type=integer(1), default=defaults.max_new_tokens,
+                   help="tokens generated per answer at most")
+    p.add_argument("--temperature", type=number(0), default=defaults.temperature,
+                   help="sampling temperature; 0 = greedy")
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=defaults.top_p,
                    help="nucleus sampling: keep the most likely tokens up to this probability mass; 1 = off")
-    p.add_argument("--sample-top-k", "--top-k", dest="top_k", metavar="K", type=integer(0), default=0,
+    p.add_argument("--sample-top-k", "--top-k", dest="top_k", metavar="K", type=integer(0), default=defaults.top_k,
                    help="sampling: keep the k most likely tokens; 0 = off (not the draft tree's --tree-topk)")
     p.add_argument("--seed", type=int, default=seed,
                    help="random seed of sampling" + (" (default: none, a fresh draw each run)" if seed is None else ""))
-
-
-# --- tensor parallelism: --tp N for generate, bench, data capture, train (bodies in eaglet/parallel/commands.py) ---
 
 
 def _add_tp(p: argparse.ArgumentParser) -> None:
@@ -102,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Chat-templated generation for one prompt, streamed to stdout; speculative "
                                    "with a draft, plain without.")
     _add_target(g)
-    _add_sampling(g)
+    _add_sampling(g, options.GenerateOptions.sampling)
     _add_tp(g)
     g.add_argument("--prompt", required=True, type=nonempty, help="the user message; the chat template is applied")
-    g.add_argument("--draft", default="default",
+    g.add_argument("--draft", default=options.GenerateOptions.draft,
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result on the last line")
     _add_spec_options(g)
@@ -115,9 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor_parser(sub)
     _add_serve_parser(sub)
     return parser
-
-
-# --- speculative decoding: generate --draft, bench -----------------------------------------------------------
 
 
 def _add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -144,13 +143,15 @@ def _add_bench_parser(sub) -> None:
                        description="The same prompts through every method in one process; writes OUT/report.json "
                                    "and OUT/report.png and prints a table.")
     _add_target(b)
-    b.add_argument("--draft", default="default", help="'default' (the target's shipped draft) or a draft directory")
-    b.add_argument("--prompts", default="builtin",
+    b.add_argument("--draft", default=options.BenchConfig.draft,
+                   help="'default' (the target's shipped draft) or a draft directory")
+    b.add_argument("--prompts", default=options.BenchConfig.prompts,
                    help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts)")
     b.add_argument("--limit", type=integer(1), default=None, help="use only the first N prompts (default: all)")
-    _add_sampling(b, seed=0)
-    b.add_argument("--batch-size", type=integer(1), default=1, help="prompts decoded together (ours and hf)")
-    b.add_argument("--methods", default="plain,spec,hf,hf-lookup", help="comma-separated subset of the default")
+    _add_sampling(b, options.BenchConfig.sampling)
+    b.add_argument("--batch-size", type=integer(1), default=options.BenchConfig.batch_size,
+                   help="prompts decoded together (ours and hf)")
+    b.add_argument("--methods", default=",".join(options.BENCH_METHODS), help="comma-separated subset of the default")
     b.add_argument("--out", required=True,
                    help="directory for report.json and report.png: new, empty, or an earlier bench's")
     _add_spec_options(b)
@@ -165,28 +166,27 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--model", default=None, help="with --endpoint: the model name (default: the first listed)")
 
 
-# --- training: eaglet data regenerate | data capture | train | draft import ----------------------------------
-
-
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
-    p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=256,
+    rc = options.RegenConfig
+    p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
                    help="prompts decoded together")
-    p.add_argument("--max-new-tokens", type=integer(1), default=384, help="tokens per answer at most")
-    p.add_argument("--answers", type=answer_list, default=(0.0,), metavar="SETTINGS",
+    p.add_argument("--max-new-tokens", type=integer(1), default=rc.max_new_tokens, help="tokens per answer at most")
+    p.add_argument("--answers", type=answer_list, default=rc.answers, metavar="SETTINGS",
                    help="answers per prompt, comma-separated: 'greedy' and sampling temperatures, e.g. "
                         "greedy,0.7,1.0 (one record each, ids <id> and <id>~t0.7; validation prompts are "
                         "answered greedily only) (default: greedy)")
-    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling; 1 = off")
-    p.add_argument("--max-prompt-tokens", type=integer(1), default=1024, help="longer prompts are skipped and counted")
-    p.add_argument("--max-samples", type=integer(1), default=None,
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=rc.top_p, help="nucleus sampling; 1 = off")
+    p.add_argument("--max-prompt-tokens", type=integer(1), default=rc.max_prompt_tokens,
+                   help="longer prompts are skipped and counted")
+    p.add_argument("--max-samples", type=integer(1), default=rc.max_samples,
                    help="regenerate at most this many training prompts, a seeded sample (default: all)")
-    p.add_argument("--max-val-samples", type=integer(0), default=None,
+    p.add_argument("--max-val-samples", type=integer(0), default=rc.max_val_samples,
                    help="and at most this many validation prompts (default: all)")
-    p.add_argument("--self-prompts", type=integer(0), default=0, metavar="N",
+    p.add_argument("--self-prompts", type=integer(0), default=rc.self_prompts, metavar="N",
                    help="also have the target write N user prompts itself from the chat template's user prefix "
                         "(Magpie; source 'self', 5%% held out for validation as 'self-heldout'; cut, short and "
                         "duplicate ones are dropped)")
-    p.add_argument("--follow-ups", type=number(0, 1), default=0.0, metavar="FRACTION",
+    p.add_argument("--follow-ups", type=number(0, 1), default=rc.follow_ups, metavar="FRACTION",
                    help="give this fraction of the greedily answered conversations a second user turn the "
                         "target writes, and answer it (multi-turn data)")
 
@@ -207,7 +207,8 @@ def _add_training_parsers(sub) -> None:
     r.add_argument("--restart", action="store_true",
                    help="discard OUT and its recorded settings and start over (e.g. with other generation settings)")
     _add_regen_options(r, "--batch-size")
-    r.add_argument("--seed", type=int, default=0, help="seed of the prompt sample, batch order and sampling")
+    r.add_argument("--seed", type=int, default=options.RegenConfig.seed,
+                   help="seed of the prompt sample, batch order and sampling")
     r.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
                    help="stop after the batch running at this many minutes (default: no limit)")
 
@@ -222,11 +223,14 @@ def _add_training_parsers(sub) -> None:
     c.add_argument("--capture", type=point_list, default=None,
                    help="residual-stream points in eaglet's convention, e.g. 2,15,27 "
                         "(default: EAGLE-3's [2, N//2, N-3])")
-    c.add_argument("--shard-samples", type=integer(1), default=512, help="conversations per shard")
-    c.add_argument("--batch-tokens", type=integer(1), default=16384, help="padded tokens per target forward")
+    c.add_argument("--shard-samples", type=integer(1), default=options.CaptureOptions.shard_samples,
+                   help="conversations per shard")
+    c.add_argument("--batch-tokens", type=integer(1), default=options.CaptureOptions.batch_tokens,
+                   help="padded tokens per target forward")
     c.add_argument("--max-len", type=integer(8), default=None,
                    help="tokens per conversation (default: 2048 or the window)")
-    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="stored precision")
+    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default=options.CaptureOptions.feature_dtype,
+                   help="stored precision")
     _add_tp(c)
     _add_train_parser(sub)
     d = sub.add_parser("draft", help="draft checkpoints: import another tool's EAGLE-3 draft")
@@ -249,8 +253,9 @@ def _add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint",
                        description="Train an EAGLE-3 draft with training-time test, validate it, and export it "
                                    "to OUT/draft. A rerun with the same OUT resumes from OUT/checkpoint.")
+    tc = options.TrainConfig
     _add_target(t, context=False)
-    t.add_argument("--data", default="builtin",
+    t.add_argument("--data", default=options.TrainOptions.data,
                    help="JSONL files with answers, comma-separated; or prompts (e.g. 'builtin') with --regenerate")
     t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
@@ -264,42 +269,41 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--features", default=None,
                    help="offline feature directory (`data capture`) instead of online (default: online)")
     t.add_argument("--val-features", default=None, help="offline features for validation (default: online)")
-    t.add_argument("--val-fraction", type=number(0, 1, high_open=True), default=0.02,
+    t.add_argument("--val-fraction", type=number(0, 1, high_open=True), default=options.TrainOptions.val_fraction,
                    help="held out when records carry no split")
     t.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
                    help="whole-command budget; training stops in time to validate and export (default: none)")
-    t.add_argument("--ttt-steps", type=integer(1), default=7, help="draft steps unrolled in training-time test")
-    t.add_argument("--decay", type=number(0, 1, low_open=True), default=0.8, help="loss weight decay**j of step j")
+    t.add_argument("--ttt-steps", type=integer(1), default=tc.ttt_steps,
+                   help="draft steps unrolled in training-time test")
+    t.add_argument("--decay", type=number(0, 1, low_open=True), default=tc.decay, help="loss weight decay**j of step j")
     t.add_argument("--aux-norm", action="store_true",
                    help="RMS-normalise each captured point before fc (a learned weight per point, stored in the "
                         "draft and applied in serving too)")
-    t.add_argument("--aux-noise", type=number(0), default=0.0, metavar="SIGMA",
+    t.add_argument("--aux-noise", type=number(0), default=tc.aux_noise, metavar="SIGMA",
                    help="training only: add uniform noise in [-SIGMA, SIGMA] to the captured points; 0 = off")
     t.add_argument("--target-turns-only", action="store_true",
                    help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
-    t.add_argument("--lr", type=number(0, low_open=True), default=5e-4, help="peak learning rate (AdamW)")
-    t.add_argument("--min-lr-ratio", type=number(0, 1), default=0.05, help="the cosine ends at lr * this")
-    t.add_argument("--warmup-steps", type=integer(0), default=50, help="linear warm-up steps")
-    t.add_argument("--weight-decay", type=number(0), default=0.0, help="AdamW weight decay")
-    t.add_argument("--grad-clip", type=number(0, low_open=True), default=0.5, help="gradient-norm clip")
-    t.add_argument("--epochs", type=integer(1), default=1, help="passes over the training data")
-    t.add_argument("--max-steps", type=integer(1), default=None, help="stop after this many steps (default: epochs)")
-    t.add_argument("--batch-tokens", type=integer(16), default=16384, help="padded tokens per batch and rank")
-    t.add_argument("--max-len", type=integer(8), default=None,
+    t.add_argument("--lr", type=number(0, low_open=True), default=tc.lr, help="peak learning rate (AdamW)")
+    t.add_argument("--min-lr-ratio", type=number(0, 1), default=tc.min_lr_ratio, help="the cosine ends at lr * this")
+    t.add_argument("--warmup-steps", type=integer(0), default=tc.warmup_steps, help="linear warm-up steps")
+    t.add_argument("--weight-decay", type=number(0), default=tc.weight_decay, help="AdamW weight decay")
+    t.add_argument("--grad-clip", type=number(0, low_open=True), default=tc.grad_clip, help="gradient-norm clip")
+    t.add_argument("--epochs", type=integer(1), default=tc.epochs, help="passes over the training data")
+    t.add_argument("--max-steps", type=integer(1), default=tc.max_steps,
+                   help="stop after this many steps (default: epochs)")
+    t.add_argument("--batch-tokens", type=integer(16), default=tc.batch_tokens, help="padded tokens per batch and rank")
+    t.add_argument("--max-len", type=integer(8), default=tc.max_len,
                    help="tokens per conversation (default: 2048 or the window)")
-    t.add_argument("--draft-vocab-size", type=integer(1), default=None,
+    t.add_argument("--draft-vocab-size", type=integer(1), default=tc.draft_vocab_size,
                    help="draft vocabulary (default: the largest with a 16 MiB bf16 LM head)")
-    t.add_argument("--capture", type=point_list, default=None,
+    t.add_argument("--capture", type=point_list, default=tc.capture_points,
                    help="residual-stream points in eaglet's convention (default: EAGLE-3's [2, N//2, N-3])")
-    t.add_argument("--save-every", type=integer(1), default=250, help="checkpoint every N steps")
-    t.add_argument("--val-every", type=integer(1), default=250, help="validate every N steps")
-    t.add_argument("--seed", type=int, default=0, help="seed of the draft's initialisation and the batch order")
+    t.add_argument("--save-every", type=integer(1), default=tc.save_every, help="checkpoint every N steps")
+    t.add_argument("--val-every", type=integer(1), default=tc.val_every, help="validate every N steps")
+    t.add_argument("--seed", type=int, default=tc.seed, help="seed of the draft's initialisation and the batch order")
     t.add_argument("--no-autocast", action="store_true", help="no bf16 autocast on CUDA")
     t.add_argument("--tensorboard", action="store_true", help="also log to OUT/tensorboard (needs tensorboard)")
     _add_tp(t)
-
-
-# --- eaglet doctor: does serving feed the draft what training fed it? (body in eaglet/doctor/) ---------------
 
 
 def _add_doctor_parser(sub) -> None:
@@ -308,65 +312,46 @@ def _add_doctor_parser(sub) -> None:
                                    "capture parity, capture-point search, offline vs online acceptance, engine "
                                    "settings, tensor parallelism. Exit status 1 when a check fails.")
     _add_target(d)
-    d.add_argument("--draft", default="default", help="a draft directory, or 'default' (the target's shipped draft)")
-    d.add_argument("--prompts", default="builtin",
+    d.add_argument("--draft", default=DoctorConfig.draft,
+                   help="a draft directory, or 'default' (the target's shipped draft)")
+    d.add_argument("--prompts", default=DoctorConfig.prompts,
                    help="JSONL of chat prompts (OpenAI 'messages' or {'prompt': ...}), or 'builtin' (bench set)")
-    d.add_argument("--num-prompts", type=integer(1), default=8,
+    d.add_argument("--num-prompts", type=integer(1), default=DoctorConfig.num_prompts,
                    help="prompts the target answers and the draft is scored on")
-    d.add_argument("--max-new-tokens", type=integer(4), default=128,
-                   help="tokens per answer the draft is scored on; the speculative run decodes the first 48")
+    d.add_argument("--max-new-tokens", type=integer(4), default=DoctorConfig.max_new_tokens,
+                   help="tokens per answer the draft is scored on; the speculative run decodes the first "
+                        f"{DoctorConfig.serve_tokens}")
     d.add_argument("--features", default=None, help="offline feature directory (`data capture`) to compare too")
     d.add_argument("--tp", type=integer(1), default=None, help="also compare the target at tp=N with tp=1")
     d.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON to PATH")
-    d.add_argument("--temperature", type=number(0), default=0.0, help="sampling temperature to judge; 0 = greedy")
-    d.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0, help="nucleus sampling to judge; 1 = off")
-    d.add_argument("--sample-top-k", "--top-k", dest="top_k", metavar="K", type=integer(0), default=0,
+    d.add_argument("--temperature", type=number(0), default=DoctorConfig.temperature,
+                   help="sampling temperature to judge; 0 = greedy")
+    d.add_argument("--top-p", type=number(0, 1, low_open=True), default=DoctorConfig.top_p,
+                   help="nucleus sampling to judge; 1 = off")
+    d.add_argument("--sample-top-k", "--top-k", dest="top_k", metavar="K", type=integer(0),
+                   default=DoctorConfig.top_k,
                    help="sampling top-k to judge; 0 = off (not the draft tree's --tree-topk)")
     _add_spec_options(d)
-
-
-def _internal_error(exc: BaseException) -> int:
-    """A bug, not a user error: one sentence on screen, the traceback in a log file (or on screen if none)."""
-    import time
-    import traceback
-
-    from eaglet.loading.target import cache_root
-
-    text = "".join(traceback.format_exception(exc))
-    try:
-        log = cache_root() / "logs" / f"error-{time.strftime('%Y%m%d-%H%M%S')}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"eaglet {__version__}: {' '.join(sys.argv)}\n{text}")
-        where = f"the traceback is in {log}"
-    except OSError:
-        print(text, file=sys.stderr, end="")
-        where = "the traceback is above"
-    first = (str(exc).splitlines() or [""])[0][:200]
-    print(f"eaglet: internal error ({type(exc).__name__}: {first}), a bug in eaglet rather than in the input; "
-          f"{where}; please report it", file=sys.stderr)
-    return EXIT_INTERNAL
-
-
-# --- eaglet serve: the OpenAI-compatible server (body in eaglet/serve/) ---------------------------------------
 
 
 def _add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (docs/serving.md)")
     _add_target(s)
-    s.add_argument("--draft", default="default",
+    s.add_argument("--draft", default=options.ServeConfig.draft,
                    help="'default' (the target's shipped draft, if any), 'none' (plain decoding), or a draft directory")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--port", type=integer(1), default=8000, help="TCP port to listen on")
-    s.add_argument("--max-batch", type=integer(1), default=None,
-                   help="rows decoded together at most (the running batch; default 8)")
-    s.add_argument("--batch-sizes", type=size_list, default=None, metavar="SIZES",
+    s.add_argument("--host", default=options.ServeConfig.host, help="address to listen on")
+    s.add_argument("--port", type=integer(1), default=options.ServeConfig.port, help="TCP port to listen on")
+    s.add_argument("--max-batch", type=integer(1), default=options.ServeConfig.max_batch,
+                   help=f"rows decoded together at most (the running batch; default {options.DEFAULT_MAX_BATCH})")
+    s.add_argument("--batch-sizes", type=size_list, default=options.ServeConfig.batch_sizes, metavar="SIZES",
                    help="the batch sizes a batch may open with, e.g. 1,16,64 (default: the powers of two up to "
                         "--max-batch); each builds its own CUDA graphs")
-    s.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=None,
+    s.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=options.ServeConfig.warm_up,
                    help="build every batch size's compiled step before listening (default: on with CUDA graphs)")
-    s.add_argument("--max-queue", type=integer(0), default=256,
+    s.add_argument("--max-queue", type=integer(0), default=options.ServeConfig.max_queue,
                    help="requests waiting for a row; more are answered 429")
-    s.add_argument("--grace", type=number(0), default=30.0, help="seconds running requests get after SIGTERM")
+    s.add_argument("--grace", type=number(0), default=options.ServeConfig.grace_s,
+                   help="seconds running requests get after SIGTERM")
     _add_tp(s)
     _add_spec_options(s)
     _add_engine_options(s)
@@ -374,6 +359,7 @@ def _add_serve_parser(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from eaglet.cli_checks import check
+    from eaglet.cli_options import OPTIONS, command_name
     from eaglet.commands import COMMANDS
     from eaglet.interrupt import Interrupted
 
@@ -383,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         check(args)  # every path and every option that goes with another, before a model loads
-        return COMMANDS[args.command](args)
+        name = command_name(args)
+        return COMMANDS[name](OPTIONS[name](args))
     except Interrupted as e:
         print(f"eaglet: interrupted: {e}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -394,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         print("eaglet: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001  (every other exception is a bug; it still gets a clear sentence)
-        return _internal_error(e)
+        from eaglet.loading.target import cache_root
+
+        return internal_error(e, cache_root() / "logs")
 
 
 if __name__ == "__main__":

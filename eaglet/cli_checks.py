@@ -223,7 +223,7 @@ def _tree(args: Namespace) -> None:
         missing = ", ".join(k for k, v in given.items() if v is None)
         raise EagletError(f"set all of --num-steps, --tree-topk and --num-draft-tokens, or none (automatic); "
                           f"missing {missing}")
-    from eaglet.speculative.tree import TreeConfig
+    from eaglet.options import TreeConfig
 
     TreeConfig(args.num_steps, args.topk, args.num_draft_tokens)  # consistency, in the engine's own words
 

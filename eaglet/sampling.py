@@ -8,35 +8,9 @@ sampling reproduce plain sampling exactly in distribution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from eaglet.errors import EagletError
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k cut
-    max_new_tokens: int = 256
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise EagletError(f"--temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise EagletError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise EagletError(f"--top-k must be >= 0, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise EagletError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from eaglet.options import SamplingParams
 
 
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

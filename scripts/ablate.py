@@ -35,11 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from eaglet.data.prompts import Conversation, load_conversations  # noqa: E402
-from eaglet.data.sources import RegenConfig  # noqa: E402
 from eaglet.draft.compat import load_draft_for  # noqa: E402
+from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train  # noqa: E402
-from eaglet.train.trainer import TrainConfig  # noqa: E402
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
 # corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "turns" (+ second turns).

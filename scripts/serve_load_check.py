@@ -20,8 +20,9 @@ import httpx
 import torch
 
 from eaglet.chat import encode_chat
+from eaglet.options import ServeConfig, TargetOptions
 from eaglet.sampling import SamplingParams
-from eaglet.serve.server import ServeConfig, load_engine
+from eaglet.serve.server import load_engine
 
 
 def metric_totals(url: str) -> dict[str, float]:
@@ -58,7 +59,7 @@ def main() -> None:
     from eaglet.bench.prompts import load_prompts
 
     prompts = [p.messages for p in load_prompts(cfg["prompts"], cfg["limit"])]
-    engine = load_engine(ServeConfig(target=args.target, draft=args.draft, max_context=args.max_context))
+    engine = load_engine(ServeConfig(TargetOptions(args.target, max_context=args.max_context), args.draft))
     tok = engine.target.tokenizer
     params = SamplingParams(max_new_tokens=cfg["max_tokens"])
     offline: dict[str, str] = {}

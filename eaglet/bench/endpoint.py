@@ -24,33 +24,7 @@ import httpx
 from eaglet.bench.prompts import load_prompts
 from eaglet.bench.report import save_png, write_json
 from eaglet.errors import EagletError
-
-
-@dataclass(frozen=True)
-class EndpointBenchConfig:
-    endpoint: str  # base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
-    out: str
-    prompts: str = "builtin"
-    limit: int | None = None
-    model: str | None = None  # default: the first model the server lists
-    concurrency: int | None = None  # None: no cap
-    request_rate: float | None = None  # requests/s (Poisson); None: all at once (capped by concurrency)
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.concurrency is not None and self.concurrency < 1:
-            raise EagletError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.request_rate is not None and not self.request_rate > 0:
-            raise EagletError(f"--request-rate must be > 0, got {self.request_rate}")
-        if self.concurrency is None and self.request_rate is None:
-            raise EagletError("--endpoint needs --concurrency N or --request-rate R (or both)")
-
-    @property
-    def base(self) -> str:
-        url = self.endpoint.rstrip("/")
-        return url if url.endswith("/v1") else url + "/v1"
+from eaglet.options import EndpointBenchConfig
 
 
 @dataclass

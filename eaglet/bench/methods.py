@@ -16,8 +16,6 @@ import torch
 from eaglet.generate import StopChecker
 from eaglet.sampling import SamplingParams
 
-METHODS = ("plain", "spec", "hf", "hf-lookup")
-
 
 @dataclass
 class Run:

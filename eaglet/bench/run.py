@@ -15,47 +15,18 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from eaglet.bench.methods import METHODS, HFRunner, Run, run_ours
+from eaglet.bench.methods import HFRunner, Run, run_ours
 from eaglet.bench.prompts import load_prompts
 from eaglet.bench.report import build_report, table, write_json, write_png
 from eaglet.errors import EagletError
-from eaglet.sampling import SamplingParams
+from eaglet.options import BenchConfig, SamplingParams
 
 WARMUP_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    target: str
-    draft: str
-    prompts: str
-    out: str
-    methods: tuple[str, ...] = METHODS
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    batch_size: int = 1
-    limit: int | None = None
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
-    max_context: int | None = None
-    tree: tuple[int | None, int | None, int | None] = (None, None, None)
-    compile_engine: bool | None = None  # torch.compile the engine's iteration (None: with CUDA graphs)
-    policy: bool = True  # the engine may step down to smaller trees or plain decoding
-
-    def __post_init__(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad or not self.methods:
-            raise EagletError(f"--methods {','.join(self.methods)}: choose from {','.join(METHODS)}")
-        if self.batch_size < 1:
-            raise EagletError(f"--batch-size must be >= 1, got {self.batch_size}")
 
 
 def _log(msg: str) -> None:
@@ -80,11 +51,11 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     from eaglet.loading import load_target
 
     out = Path(cfg.out)
-    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens, cfg.seed)
+    params, t = cfg.sampling, cfg.target
     prompts = load_prompts(cfg.prompts, cfg.limit)
     if target is None:
-        _log(f"loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})")
-        target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+        _log(f"loading {t.target} on {t.device} ({t.dtype})")
+        target = load_target(t.target, dtype=t.torch_dtype, device=t.device)
     tp = target.model.tp
     main = tp.rank == 0
     log_ = _log if main else _quiet
@@ -100,23 +71,20 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     decisions: list[str] = []
     generators, draft_path = {}, None
     if "plain" in cfg.methods:
-        generators["plain"] = PlainGenerator(target, cfg.max_context)
+        generators["plain"] = PlainGenerator(target, t.max_context)
     if "spec" in cfg.methods:
-        from eaglet.speculative import SpecEngine
-        from eaglet.speculative.load import load_engine_draft, resolve_draft
+        from eaglet.speculative.load import resolve_draft, spec_engine
 
         draft_path = resolve_draft(cfg.draft, target)
         if draft_path is None:
-            raise EagletError(f"no draft ships for {cfg.target}; pass --draft DIR or leave spec out of --methods")
+            raise EagletError(f"no draft ships for {t.target}; pass --draft DIR or leave spec out of --methods")
 
         def log(msg: str) -> None:
             decisions.append(msg)
             log_(msg)
 
-        generators["spec"] = SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context,
-                                        *cfg.tree, log=log, compile=cfg.compile_engine,
-                                        adaptive=cfg.policy)
-    hf = HFRunner(target, cfg.dtype, cfg.device) if {"hf", "hf-lookup"} & set(cfg.methods) else None
+        generators["spec"] = spec_engine(target, draft_path, t.max_context, cfg.engine, log)
+    hf = HFRunner(target, t.torch_dtype, t.device) if {"hf", "hf-lookup"} & set(cfg.methods) else None
 
     def run(method: str, batch: list[list[int]], p: SamplingParams) -> list[Run]:
         if method in generators:
@@ -136,17 +104,17 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
 
     texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
     config = {
-        "target": cfg.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
+        "target": t.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
         "prompts": cfg.prompts, "num_prompts": len(ids), "methods": list(cfg.methods),
-        "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-        "top_k": cfg.top_k, "seed": cfg.seed, "batch_size": cfg.batch_size, "device": cfg.device, "tp": tp.size,
-        "dtype": str(cfg.dtype).removeprefix("torch."), "tree_flags": list(cfg.tree), "spec_decisions": decisions,
-        "compile_engine": cfg.compile_engine,
-        "policy": cfg.policy,
+        "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+        "top_k": params.top_k, "seed": params.seed, "batch_size": cfg.batch_size, "device": t.device, "tp": tp.size,
+        "dtype": t.dtype, "tree_flags": list(cfg.engine.tree_flags), "spec_decisions": decisions,
+        "compile_engine": cfg.engine.compile,
+        "policy": cfg.engine.policy,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),
-        "gpu": torch.cuda.get_device_name() if torch.device(cfg.device).type == "cuda" else None,
+        "gpu": torch.cuda.get_device_name() if torch.device(t.device).type == "cuda" else None,
         "hf_lookup_batch_size": 1 if "hf-lookup" in cfg.methods else None,
     }
     report = build_report(config, prompts, runs, params.greedy, texts)

@@ -25,45 +25,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from eaglet.data.prompts import Conversation, note, read_jsonl
 from eaglet.data.regenerate import RegenStats, regenerate
 from eaglet.data.self_prompts import TurnConfig, follow_up_jobs, load_written, self_prompt_jobs, write_turns
-from eaglet.errors import EagletError
 from eaglet.loading.target import Target
-from eaglet.sampling import SamplingParams
+from eaglet.options import RegenConfig
 
 SELF_VAL_SOURCE = "self-heldout"
 SELF_VAL_FRACTION = 0.05  # of the Magpie prompts, held out for validation
 
 
-@dataclass(frozen=True)
-class RegenConfig:
-    batch_size: int = 256
-    max_new_tokens: int = 384
-    answers: tuple[float, ...] = (0.0,)  # one answer per prompt at each temperature; 0 = greedy
-    top_p: float = 1.0
-    max_prompt_tokens: int = 1024
-    max_samples: int | None = None  # cap on training prompts
-    max_val_samples: int | None = None
-    self_prompts: int = 0  # Magpie attempts: user prompts the target writes itself
-    follow_ups: float = 0.0  # fraction of greedily answered conversations given a second turn
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.answers or len(set(self.answers)) != len(self.answers) or min(self.answers) < 0:
-            raise EagletError(f"--answers must name distinct settings (greedy or temperatures > 0), "
-                              f"got {list(self.answers)}")
-        if not 0 <= self.follow_ups <= 1:
-            raise EagletError(f"--follow-ups must be a fraction in [0, 1], got {self.follow_ups}")
-
-    def params(self) -> SamplingParams:
-        return SamplingParams(self.answers[0], self.top_p, 0, self.max_new_tokens, self.seed)
-
-    def turns(self) -> TurnConfig:
-        return TurnConfig(batch_size=self.batch_size, seed=self.seed)
+def _turns(rc: RegenConfig) -> TurnConfig:
+    return TurnConfig(batch_size=rc.batch_size, seed=rc.seed)
 
 
 def side_file(out: Path, kind: str) -> Path:
@@ -92,7 +68,7 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
         path = side_file(out, "self-prompts")
         jobs = [replace(c, split="val", source=SELF_VAL_SOURCE) if picked(c.id, SELF_VAL_FRACTION, "self-val") else c
                 for c in self_prompt_jobs(rc.self_prompts)[rank::world]]
-        write_turns(target, jobs, path, rc.turns(), "self-prompts", turn_stop, progress)
+        write_turns(target, jobs, path, _turns(rc), "self-prompts", turn_stop, progress)
         written = load_written(path)
         val += [c for c in written if c.split == "val"]
         train += [c for c in written if c.split != "val"]
@@ -114,7 +90,7 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
         firsts = [c for c in answered if c.target_turns == 1 and not c.truncated and "~t" not in c.id
                   and not c.id.endswith("+2") and picked(c.id, rc.follow_ups, f"follow-ups:{rc.seed}")]
         path = side_file(out, "follow-ups")
-        write_turns(target, follow_up_jobs(firsts), path, rc.turns(), "follow-ups", turn_stop, progress,
+        write_turns(target, follow_up_jobs(firsts), path, _turns(rc), "follow-ups", turn_stop, progress,
                     dedupe=False)
         second = load_written(path)
         done += [answer([c for c in second if c.split == "val"], "validation second turns"),

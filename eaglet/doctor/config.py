@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from eaglet.errors import EagletError
-from eaglet.loading.target import DEFAULT_TARGET
-from eaglet.sampling import SamplingParams
+from eaglet.options import DEFAULT_TARGET, SamplingParams, torch_dtype
 
 
 @dataclass(frozen=True)
 class DoctorConfig:
+    """What ``eaglet doctor`` checks, and with how much material.
+
+    The serving settings stay loose fields, not a TreeConfig: judging them, an inconsistent
+    tree included, is check 5's job.
+    """
+
     target: str = DEFAULT_TARGET
     draft: str = "default"  # a draft directory, or 'default' (the target's shipped draft)
     prompts: str = "builtin"  # JSONL of chat prompts, or the built-in bench set
@@ -31,7 +34,8 @@ class DoctorConfig:
     top_k: int = 0
     max_context: int | None = None
     device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    dtype: str = "float32"
+    json: str | None = None  # also write the report here, as JSON
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
@@ -42,11 +46,15 @@ class DoctorConfig:
             raise EagletError(f"serve_tokens must be >= 4, got {self.serve_tokens}")
         if self.tp is not None and self.tp < 1:
             raise EagletError(f"--tp must be >= 1, got {self.tp}")
-        SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)  # checks each value
+        _ = self.sampling  # SamplingParams checks each value
 
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+
+    @property
+    def torch_dtype(self):
+        return torch_dtype(self.dtype)
 
     @property
     def tree_flags(self) -> dict[str, int | None]:

@@ -9,7 +9,7 @@ Two real code paths, the same tokens:
   the engine's ``prefill`` on the shard's tokens.
 
 Per capture point: the max absolute difference over every position both sides cover,
-against a limit relative to the point's largest value (``eaglet.parallel.check.tolerance``:
+against a limit relative to the point's largest value (``eaglet.doctor.tp.tolerance``:
 1e-4 in float32, 5e-2 in 16-bit formats). The two paths differ only in how the target's
 arithmetic is batched, which moves float32 values by ~1e-6 of their size; a wrong point,
 a per-rank partial sum (off by ``1 - 1/tp``, >= 0.5) or an off-by-one position is orders
@@ -31,8 +31,8 @@ from eaglet.data.features import FeatureSet
 from eaglet.doctor.report import FAIL, Check
 from eaglet.doctor.samples import answer_data, draft_token_ids, training_features
 from eaglet.doctor.serving import ServingRun
+from eaglet.doctor.tp import tolerance
 from eaglet.loading.target import Target
-from eaglet.parallel.check import tolerance
 from eaglet.speculative import verify as spec_verify
 from eaglet.train.inputs import Featurizer, StepInputs
 

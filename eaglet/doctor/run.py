@@ -82,13 +82,13 @@ def _draft_checks(target, draft, spec: CaptureSpec, con, cfg: DoctorConfig, samp
 def run_doctor(cfg: DoctorConfig, log=note) -> Report:
     start = time.perf_counter()
     log(f"loading {cfg.target}")
-    target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device)
+    target = load_target(cfg.target, dtype=cfg.torch_dtype, device=cfg.device)
     draft_path = resolve_draft(cfg.draft, target)
     if draft_path is None:
         why = "the doctor checks a draft" if cfg.draft == "none" else f"no default draft ships for {cfg.target}"
         raise EagletError(f"{why}; pass --draft DIR")
     tc = target.config
-    con = contract_check.check_contract(target, draft_path, cfg.features, cfg.dtype, cfg.device)
+    con = contract_check.check_contract(target, draft_path, cfg.features, cfg.torch_dtype, cfg.device)
     draft, spec = con.draft, con.assumed
     checks = [con.check]
     try:
@@ -113,10 +113,10 @@ def run_doctor(cfg: DoctorConfig, log=note) -> Report:
     if cfg.tp and cfg.tp > 1:
         log(f"tensor parallelism: tp={cfg.tp} against tp=1")
     checks.append(check_tp(cfg.target, cfg.tp, samples.prompts if samples else [], spec.points if spec else None,
-                           cfg.dtype, cfg.device, cfg.tp_timeout_s))
+                           cfg.torch_dtype, cfg.device, cfg.tp_timeout_s))
     header = {"target": str(cfg.target), "target_layers": tc.num_layers, "target_hidden": tc.hidden_size,
               "draft": str(draft_path), "prompts": len(samples.prompts) if samples else 0,
               "prompt_sources": samples.labels if samples else [],
-              "max_new_tokens": cfg.max_new_tokens, "serve_tokens": serve_tokens(cfg), "device": str(cfg.device),
-              "dtype": str(cfg.dtype).removeprefix("torch."), "chain_steps": steps}
+              "max_new_tokens": cfg.max_new_tokens, "serve_tokens": serve_tokens(cfg), "device": cfg.device,
+              "dtype": cfg.dtype, "chain_steps": steps}
     return Report(header, checks, time.perf_counter() - start)

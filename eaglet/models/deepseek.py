@@ -47,7 +47,7 @@ class DeepseekTransformer(Transformer):
         return LatentCache(c.num_layers, batch, capacity, c.kv_lora_rank, c.qk_rope_head_dim, p.dtype, p.device)
 
     def load_weights(self, tensors: dict[str, TensorSource]) -> None:
-        from eaglet.loading.names import assign_deepseek
+        from eaglet.models.names import assign_deepseek
 
         assign_deepseek(self, tensors)
 

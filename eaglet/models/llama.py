@@ -134,7 +134,8 @@ class Transformer(nn.Module):
         return self.lm_head.rows(ids)
 
     def load_weights(self, tensors: dict[str, TensorSource]) -> None:
-        """Fill every parameter from HF-named checkpoint tensors (``model.layers.0...``)."""
-        from eaglet.loading.names import assign
+        """Fill every parameter from HF-named checkpoint tensors (``model.layers.0...``); a missing one is an
+        error naming it."""
+        from eaglet.models.names import assign
 
         assign(self, tensors)

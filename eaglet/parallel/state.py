@@ -49,3 +49,13 @@ def broadcast_from_rank0(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     buf = x.view(torch.uint8) if x.dtype == torch.bool else x
     dist.broadcast(buf, group=tp.group, group_src=0)
     return x
+
+
+def across_ranks(x: torch.Tensor, tp: TPGroup) -> float:
+    """max over ranks of |x on that rank - x on rank 0|; every rank gets the same number."""
+    if tp.size == 1:
+        return 0.0
+    ref = broadcast_from_rank0(x.clone(), tp)
+    worst = (x.float() - ref.float()).abs().max().reshape(1)  # [1]
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=tp.group)
+    return worst.item()

@@ -13,11 +13,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from dataclasses import dataclass
 
-import torch
-
-from eaglet.errors import EagletError
+from eaglet.options import DEFAULT_MAX_BATCH, ServeConfig
 from eaglet.parallel.control import ControlChannel
 from eaglet.parallel.launch import rank_device, run_tp, under_torchrun
 from eaglet.parallel.state import SINGLE, TPGroup
@@ -25,73 +22,40 @@ from eaglet.serve.scheduler import default_batch_sizes
 from eaglet.session import bucket_size
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    target: str
-    draft: str = "default"  # 'default', 'none' or a draft directory
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_queue: int = 256
-    max_batch: int | None = None  # rows at most; default 8, or the largest of batch_sizes
-    batch_sizes: tuple[int, ...] | None = None  # the sizes a batch opens with; default: powers of two
-    warm_up: bool | None = None  # build each size's step before listening; default: under CUDA graphs
-    grace_s: float = 30.0
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
-    max_context: int | None = None
-    tree: tuple[int | None, int | None, int | None] = (None, None, None)  # num_steps, topk, num_draft_tokens
-    compile_engine: bool | None = None
-    policy: bool = True
-    tp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.max_batch is not None and self.max_batch < 1:
-            raise EagletError(f"--max-batch must be >= 1, got {self.max_batch}")
-        if self.batch_sizes and self.max_batch is not None and self.max_batch != max(self.batch_sizes):
-            raise EagletError(f"--max-batch {self.max_batch} and --batch-sizes {','.join(map(str, self.batch_sizes))} "
-                              "disagree: the largest batch size is the limit, so give one of them")
-
-    def sizes(self, graphs: bool) -> tuple[int, ...]:
-        """The batch sizes the scheduler opens; under CUDA graphs the default limit is rounded to a power of two."""
-        if self.batch_sizes:
-            return tuple(sorted(self.batch_sizes))
-        return default_batch_sizes(bucket_size(self.max_batch or 8, graphs))
-        if self.max_queue < 1:
-            raise EagletError(f"--max-queue must be >= 1, got {self.max_queue}")
-        if not 0 <= self.port < 65536:
-            raise EagletError(f"--port must be in 0..65535, got {self.port}")
-        if self.grace_s < 0:
-            raise EagletError(f"--grace must be >= 0, got {self.grace_s}")
+def batch_sizes(cfg: ServeConfig, graphs: bool) -> tuple[int, ...]:
+    """The batch sizes the scheduler opens; under CUDA graphs the default limit is rounded to a power of two."""
+    if cfg.batch_sizes:
+        return tuple(sorted(cfg.batch_sizes))
+    return default_batch_sizes(bucket_size(cfg.max_batch or DEFAULT_MAX_BATCH, graphs))
 
 
 def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
     """PlainGenerator or SpecEngine on this rank's shard, as ``eaglet generate`` would build them."""
     from eaglet.generate import PlainGenerator
     from eaglet.loading import load_target
-    from eaglet.speculative import SpecEngine
-    from eaglet.speculative.load import load_engine_draft, resolve_draft
+    from eaglet.speculative.load import resolve_draft, spec_engine
 
     def say(msg: str) -> None:
         if tp.rank == 0:
             print(f"eaglet: {msg}", file=sys.stderr)
 
+    t = cfg.target
     if tp.size == 1:  # above, the command said so before starting the ranks
-        say(f"loading {cfg.target} on {cfg.device} ({str(cfg.dtype).removeprefix('torch.')})")
-    target = load_target(cfg.target, dtype=cfg.dtype, device=rank_device(cfg.device), tp=tp)
+        say(f"loading {t.target} on {t.device} ({t.dtype})")
+    target = load_target(t.target, dtype=t.torch_dtype, device=rank_device(t.device), tp=tp)
     draft_path = resolve_draft(cfg.draft, target)
     if draft_path is None:
         say("no draft; plain decoding")
-        return PlainGenerator(target, cfg.max_context, compile=cfg.compile_engine)
+        return PlainGenerator(target, t.max_context, compile=cfg.engine.compile)
     say(f"draft {draft_path}")
-    return SpecEngine(target, load_engine_draft(draft_path, target), cfg.max_context, *cfg.tree,
-                      compile=cfg.compile_engine, adaptive=cfg.policy)
+    return spec_engine(target, draft_path, t.max_context, cfg.engine)
 
 
 def warm_up(engine, cfg: ServeConfig, tp: TPGroup = SINGLE) -> None:
     """Build every batch size's compiled step now, so that no request waits for a compile."""
     if not (engine.use_graphs if cfg.warm_up is None else cfg.warm_up):
         return
-    sizes = cfg.sizes(engine.use_graphs)
+    sizes = batch_sizes(cfg, engine.use_graphs)
     for i, b in enumerate(sizes):
         t0 = time.perf_counter()
         engine.prepare(b)
@@ -106,7 +70,7 @@ def serve(cfg: ServeConfig) -> int:
         engine = load_engine(cfg)
         warm_up(engine, cfg)
         return run_server(engine, cfg)
-    return run_tp(cfg.tp, serve_rank, cfg, device=cfg.device, sigterm_to_rank0=True)
+    return run_tp(cfg.tp, serve_rank, cfg, device=cfg.target.device, sigterm_to_rank0=True)
 
 
 def serve_rank(tp: TPGroup, cfg: ServeConfig) -> int:
@@ -135,7 +99,7 @@ def run_server(engine, cfg: ServeConfig) -> int:
     from eaglet.serve.scheduler import Scheduler
 
     metrics = Metrics()
-    sizes = cfg.sizes(engine.use_graphs)
+    sizes = batch_sizes(cfg, engine.use_graphs)
     scheduler = Scheduler(engine, sizes[-1], cfg.max_queue, metrics, sizes)
     app = build_app(engine, scheduler, metrics, engine.target.name)
     # Handlers end within the grace period (the scheduler aborts what is left); the extra

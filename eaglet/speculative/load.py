@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from eaglet.loading.target import Target
+from eaglet.options import EngineOptions
 
 DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 
@@ -49,3 +51,13 @@ def load_engine_draft(path: Path, target: Target):
     p = target.model.embed.weight
     draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
     return draft.fuse_projections()
+
+
+def spec_engine(target: Target, path: Path, max_context: int | None, options: EngineOptions,
+                log: Callable[[str], None] | None = None):
+    """The SpecEngine ``options`` describe (tree, compile, policy) with the draft at ``path``."""
+    from eaglet.speculative import SpecEngine  # the package's name, looked up when called (tests wrap it)
+
+    kw = {} if log is None else {"log": log}  # None: the engine's own notes on stderr
+    return SpecEngine(target, load_engine_draft(path, target), max_context, *options.tree_flags,
+                      compile=options.compile, adaptive=options.policy, **kw)

@@ -31,51 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.options import TreeConfig
 from eaglet.sampling import SamplingParams, probs
-
-
-@dataclass(frozen=True)
-class TreeConfig:
-    num_steps: int  # draft steps = tree depth
-    topk: int  # children proposed per expanded node, and nodes expanded per step
-    num_draft_tokens: int  # nodes verified, root included
-
-    def __post_init__(self) -> None:
-        s, k, n = self.num_steps, self.topk, self.num_draft_tokens
-        for flag, v in (("--num-steps", s), ("--topk", k), ("--num-draft-tokens", n)):
-            if not isinstance(v, int) or v < 1:
-                raise EagletError(f"{flag} must be a positive integer, got {v}")
-        if k == 1 and n != s + 1:
-            raise EagletError(f"topk=1 drafts a chain of num_steps={s} tokens, so num_draft_tokens must be "
-                              f"{s + 1} (root included), got num_draft_tokens={n}")
-        if n < 2:
-            raise EagletError(f"num_draft_tokens={n} verifies no draft token; it must be at least 2")
-        if n > self.reachable:
-            raise EagletError(f"num_draft_tokens={n} exceeds the {self.reachable} nodes that num_steps={s} and "
-                              f"topk={k} can reach (1 + topk + (num_steps-1)*topk^2)")
-        if n - 1 < s:
-            raise EagletError(f"num_draft_tokens={n} reaches depth {n - 1} at most, below num_steps={s}; "
-                              f"lower num_steps or raise num_draft_tokens")
-
-    @property
-    def reachable(self) -> int:
-        """Root plus every candidate the growth can propose."""
-        return 1 + self.topk + (self.num_steps - 1) * self.topk ** 2
-
-    @property
-    def region(self) -> int:
-        """Draft-cache scratch slots the frontier steps write above the committed slots."""
-        return (self.num_steps - 1) * self.topk
-
-    @property
-    def noise_rows(self) -> int:
-        """Distributions sampled per tree: the root's, then one per frontier node."""
-        return 1 + (self.num_steps - 1) * self.topk
-
-    def describe(self) -> str:
-        return f"num_steps={self.num_steps} topk={self.topk} num_draft_tokens={self.num_draft_tokens}"
 
 
 @dataclass

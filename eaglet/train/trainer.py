@@ -15,13 +15,12 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from eaglet.capture import CaptureSpec
 from eaglet.data.dataset import TokenData, length_batches
 from eaglet.data.features import FeatureSet
 from eaglet.data.prompts import note
@@ -32,69 +31,13 @@ from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab,
 from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
+from eaglet.options import TrainConfig
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
 from eaglet.train.evaluate import score, unroll
 from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
 from eaglet.train.ttt import TTTLoss
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    ttt_steps: int = 7  # draft steps unrolled in training-time test
-    decay: float = 0.8  # loss weight of step j is decay**j
-    lr: float = 5e-4
-    min_lr_ratio: float = 0.05
-    warmup_steps: int = 50
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_tokens: int = 16384  # padded tokens per batch and rank (rows x longest row)
-    max_len: int | None = None  # conversations are cut to this; None: 2048 or the target's window
-    draft_vocab_size: int | None = None  # None: the largest that fits a 16 MiB bf16 LM head
-    capture_points: tuple[int, ...] | None = None  # None: EAGLE-3's [2, N//2, N-3]
-    save_every: int = 250
-    val_every: int = 250
-    seed: int = 0
-    autocast: bool | None = None  # bf16 autocast; None: on CUDA only
-    tensorboard: bool = False
-    init_from_target: bool = True  # start the LM head from the target's rows for the draft vocabulary
-    aux_norm: bool = False  # RMS-normalise each captured point before fc (stored in the draft)
-    aux_noise: float = 0.0  # uniform noise in [-aux_noise, aux_noise] on the captured points, training only
-    earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        checks = [(self.ttt_steps >= 1, "--ttt-steps must be >= 1"),
-                  (0 < self.decay <= 1, "--decay must be in (0, 1]"),
-                  (self.lr > 0, "--lr must be > 0"),
-                  (self.grad_clip > 0, "--grad-clip must be > 0"),
-                  (self.epochs >= 1, "--epochs must be >= 1"),
-                  (self.batch_tokens >= 16, "--batch-tokens must be >= 16"),
-                  (self.max_len is None or self.max_len >= 8, "--max-len must be >= 8"),
-                  (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
-                  (self.aux_noise >= 0, "--aux-noise must be >= 0"),
-                  (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
-                  (self.save_every >= 1 and self.val_every >= 1, "--save-every and --val-every must be >= 1")]
-        for ok, msg in checks:
-            if not ok:
-                raise EagletError(msg)
-
-    def seq_len(self, window: int) -> int:
-        """The token cap per conversation; the draft's last step reaches position max_len + ttt_steps."""
-        if self.max_len is None:
-            return min(2048, window - self.ttt_steps)
-        if self.max_len + self.ttt_steps > window:
-            raise EagletError(f"--max-len {self.max_len} plus {self.ttt_steps} draft steps exceeds the target's "
-                              f"{window}-position window")
-        return self.max_len
-
-    def capture(self, num_layers: int) -> CaptureSpec:
-        if self.capture_points is None:
-            return CaptureSpec.eagle3_default(num_layers)
-        return CaptureSpec(tuple(self.capture_points), num_layers)
 
 
 def lr_at(cfg: TrainConfig, step: int, total: int, time_frac: float) -> float:

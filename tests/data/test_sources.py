@@ -18,10 +18,11 @@ from eaglet.data.self_prompts import (
     user_prefix,
     write_turns,
 )
-from eaglet.data.sources import RegenConfig, answer_sources, side_file
+from eaglet.data.sources import answer_sources, side_file
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, PlainGenerator
+from eaglet.options import RegenConfig
 from eaglet.sampling import SamplingParams
 from tests.conftest import smollm2_gguf
 from tests.train.helpers import answers_end_after, prompts, tiny_tokenizer

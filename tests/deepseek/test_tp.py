@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import eaglet.parallel.check as tp_check
-from eaglet.doctor.tp import check_tp
+import eaglet.doctor.tp as tp_check
+from eaglet.doctor.tp import check_tp, compare_tp
 from eaglet.draft.checkpoint import save_draft
 from eaglet.loading.target import load_model
-from eaglet.parallel.check import compare_tp
 from eaglet.parallel.launch import run_tp
 from eaglet.parallel.state import SINGLE, TPGroup
 from tests.deepseek.conftest import YARN, make_hf_deepseek

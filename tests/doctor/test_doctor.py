@@ -18,11 +18,10 @@ from eaglet.doctor.config import DoctorConfig
 from eaglet.doctor.contract import check_contract
 from eaglet.doctor.run import run_doctor
 from eaglet.doctor.samples import answer_data
-from eaglet.doctor.tp import check_tp
+from eaglet.doctor.tp import TPReport, check_tp, judge
 from eaglet.draft.checkpoint import load_draft
 from eaglet.errors import EagletError
 from eaglet.loading.target import tokenizer_hash
-from eaglet.parallel.check import TPReport, judge
 from eaglet.speculative import verify as spec_verify
 from tests.doctor.conftest import LAYERS, POINTS, copy_draft
 from tests.train.helpers import load_tiny, tiny_tokenizer

@@ -19,22 +19,12 @@ import pytest
 import torch
 
 from eaglet.chat import encode_chat
+from eaglet.doctor.tp import LOGITS, Diff, TPReport, compare_tp, forward_outputs, judge, point_name, tolerance
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.loading.target import Target, load_model, load_tokenizer, resolve_target_dir
-from eaglet.parallel.check import (
-    LOGITS,
-    Diff,
-    TPReport,
-    across_ranks,
-    compare_tp,
-    forward_outputs,
-    judge,
-    point_name,
-    tolerance,
-)
 from eaglet.parallel.launch import rank_device, run_tp
-from eaglet.parallel.state import SINGLE, TPGroup, broadcast_from_rank0
+from eaglet.parallel.state import SINGLE, TPGroup, across_ranks, broadcast_from_rank0
 from eaglet.sampling import SamplingParams
 from tests.conftest import make_hf_model
 

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
+from eaglet.doctor.tp import LOGITS, compare_tp, judge, point_name, tolerance
 from eaglet.errors import EagletError
-from eaglet.parallel.check import LOGITS, compare_tp, judge, point_name, tolerance
 from eaglet.parallel.launch import run_tp
 from eaglet.parallel.state import SINGLE
 from tests.conftest import make_hf_model

@@ -23,9 +23,8 @@ from eaglet.chat import encode_chat
 from eaglet.draft.checkpoint import load_draft, save_draft
 from eaglet.generate import PlainGenerator
 from eaglet.loading.target import Target, load_model, load_tokenizer, resolve_target_dir
-from eaglet.parallel.check import across_ranks
 from eaglet.parallel.launch import rank_device, run_tp
-from eaglet.parallel.state import SINGLE, TPGroup
+from eaglet.parallel.state import SINGLE, TPGroup, across_ranks
 from eaglet.sampling import SamplingParams
 from eaglet.speculative import SpecEngine
 from tests.conftest import make_hf_model, save_random_draft

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from eaglet.doctor.tp import compare_tp
 from eaglet.errors import EagletError
-from eaglet.parallel.check import compare_tp
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
 

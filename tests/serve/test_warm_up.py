@@ -3,14 +3,15 @@ and a warmed engine decodes exactly as a cold one."""
 
 from __future__ import annotations
 
+from eaglet.options import ServeConfig, TargetOptions
 from eaglet.sampling import SamplingParams
-from eaglet.serve.server import ServeConfig, warm_up
+from eaglet.serve.server import warm_up
 from tests.serve.conftest import new_engine
 
 
 def test_warm_up_builds_each_size_and_changes_no_output(served_dirs, one_thread):
     engine = new_engine(served_dirs)
-    warm_up(engine, ServeConfig(target=str(served_dirs[0]), batch_sizes=(1, 2), warm_up=True))
+    warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1, 2), warm_up=True))
     assert set(engine._caches) == {1, 2}
     assert set(engine.policy.plain_step_s) == {1, 2}
     assert {b for b, _ in engine.policy.iteration_s} == {1, 2}
@@ -24,5 +25,5 @@ def test_warm_up_builds_each_size_and_changes_no_output(served_dirs, one_thread)
 
 def test_no_warm_up_without_graphs_by_default(served_dirs, one_thread):
     engine = new_engine(served_dirs)  # CPU: no CUDA graphs, nothing worth building ahead
-    warm_up(engine, ServeConfig(target=str(served_dirs[0]), batch_sizes=(1, 2)))
+    warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1, 2)))
     assert not engine._caches

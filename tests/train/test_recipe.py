@@ -14,8 +14,9 @@ from eaglet.data.template import Tokenized
 from eaglet.draft.compat import load_draft_for
 from eaglet.draft.model import PointNorm
 from eaglet.errors import EagletError
+from eaglet.options import TrainConfig
 from eaglet.train.budget import BudgetSplit
-from eaglet.train.trainer import TrainConfig, Trainer
+from eaglet.train.trainer import Trainer
 from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, write_jsonl
 
 FAST = dict(ttt_steps=2, lr=3e-3, warmup_steps=2, batch_tokens=256, epochs=20, progress=False)

@@ -13,8 +13,9 @@ from eaglet.capture import CaptureSpec
 from eaglet.data.features import capture_features
 from eaglet.draft.compat import load_draft_for
 from eaglet.errors import EagletError
-from eaglet.train.pipeline import RegenConfig, run_train
-from eaglet.train.trainer import TrainConfig, Trainer
+from eaglet.options import RegenConfig, TrainConfig
+from eaglet.train.pipeline import run_train
+from eaglet.train.trainer import Trainer
 from tests.train.helpers import prompts, write_jsonl
 
 FAST = dict(ttt_steps=3, lr=3e-3, warmup_steps=10, batch_tokens=512, epochs=50, progress=False)

@@ -1,8 +1,11 @@
-"""Map Hugging Face tensor names onto our (possibly sharded, fused) parameters."""
+"""Map Hugging Face tensor names onto our (possibly sharded, fused) parameters, per family.
+
+The names are the models' own concern (loading/ only opens files and hands tensors over),
+so they live here, beside the modules whose parameters they fill.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 
 from torch import nn
@@ -10,7 +13,6 @@ from torch import nn
 from eaglet.errors import EagletError
 from eaglet.models.layers import TensorSource
 
-_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 Getter = Callable[[str], TensorSource]
 
 

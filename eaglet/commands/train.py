@@ -1,0 +1,59 @@
+"""``eaglet train``: regenerate (optionally), train, validate and export a draft; also under
+torchrun (data parallel) and at ``--tp N`` (the target sharded, the draft on rank 0)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from eaglet.commands.common import lead, load, prepare, shard, tp_job
+from eaglet.errors import EagletError
+from eaglet.options import TrainOptions
+from eaglet.parallel.launch import is_main_process, run_tp
+from eaglet.parallel.state import TPGroup
+
+
+def run(opts: TrainOptions) -> int:
+    from eaglet.train.dist import init_distributed
+
+    start = time.time()  # --time-budget-min covers loading the target too
+    if tp_job(opts.tp, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
+        if opts.regen is not None:
+            raise EagletError(f"--regenerate does not run with --tp {opts.tp} yet; regenerate the answers with "
+                              "`eaglet data regenerate` and pass that file as --data")
+        prepare(opts.target, opts.tp)
+        result = run_tp(opts.tp, train_rank, opts, start, device=opts.target.device)
+        main = is_main_process()
+    else:
+        dist = init_distributed(opts.target.device)
+        regen_budget = 60 * opts.regen_budget_min if opts.regen_budget_min else None
+        result = _train(load(opts.target, dist.device), opts, dist, start, opts.regen, regen_budget,
+                        opts.train_tokens_per_s)
+        main = dist.main
+    if main:
+        result.pop("config")
+        print(json.dumps({"draft": str(Path(opts.out) / "draft"), **result}))
+    return 0
+
+
+def train_rank(tp: TPGroup, opts: TrainOptions, start: float) -> dict[str, Any] | None:
+    from eaglet.parallel.launch import rank_device
+    from eaglet.train.dist import DistInfo
+
+    # One trainer (world 1): the ranks shard the target, not the data.
+    dist = DistInfo(device=rank_device(opts.target.device))
+    result = lead(tp, shard(tp, opts.target), lambda target: _train(target, opts, dist, start))
+    if result is not None:
+        result["tp"] = tp.size
+    return result
+
+
+def _train(target, opts: TrainOptions, dist, start: float, regen=None, regen_budget_s: float | None = None,
+           train_tokens_per_s: float | None = None) -> dict:
+    from eaglet.train.pipeline import run_train
+
+    budget = 60 * opts.time_budget_min if opts.time_budget_min else None
+    return run_train(target, opts.data, Path(opts.out), opts.train, dist, regen, opts.features, opts.val_features,
+                     opts.val_fraction, budget, regen_budget_s, start, train_tokens_per_s)
