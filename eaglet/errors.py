@@ -21,6 +21,14 @@ class EagletError(Exception):
     """
 
 
+class Interrupted(EagletError):
+    """A job stopped by a signal after saving its progress; the message says how to resume (exit 130).
+
+    Here rather than in interrupt.py so that the rank launcher (parallel/) can raise it again
+    in the launching process when rank 0 stopped this way.
+    """
+
+
 def internal_error(exc: BaseException, log_dir: Path) -> int:
     """A bug, not a user error: one sentence on screen, the traceback in a log file (or on screen if none)."""
     from eaglet import __version__

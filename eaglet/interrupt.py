@@ -17,11 +17,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from eaglet.errors import EagletError
+from eaglet.errors import Interrupted
 
-
-class Interrupted(EagletError):
-    """A job stopped by a signal after saving its progress; the message says how to resume."""
+# Interrupted is defined in errors.py (the rank launcher raises it too) and belongs to this API.
+__all__ = ["Interrupted", "StopFlag", "stop_on_signal", "ignoring_stop_signals"]
 
 
 class StopFlag:
@@ -52,6 +51,21 @@ def stop_on_signal(unit: str) -> Iterator[StopFlag]:
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def ignoring_stop_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM do nothing within the block: for the ranks that follow rank 0, which
+    alone decides when the ranks stop (under torchrun every rank gets the signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -67,10 +67,12 @@ def shard(tp: TPGroup, t: TargetOptions):
 def lead(tp: TPGroup, target, fn: Callable[[Any], Any]) -> Any:
     """Rank 0 returns ``fn(target)`` run against a mirrored target; the other ranks repeat its
     target calls on their shards until it ends, and return None."""
+    from eaglet.interrupt import ignoring_stop_signals
     from eaglet.parallel.mirror import follow, leading
 
     if tp.rank != 0:
-        follow(target.model, tp)
+        with ignoring_stop_signals():  # rank 0 saves and stops the followers when a signal comes
+            follow(target.model, tp)
         return None
     with leading(target.model, tp) as leader:
         return fn(dataclasses.replace(target, model=leader))

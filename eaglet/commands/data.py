@@ -52,7 +52,7 @@ def regenerate(opts: RegenerateOptions) -> int:
 def capture(opts: CaptureOptions) -> int:
     if tp_job(opts.tp, under_torchrun_too=False):
         prepare(opts.target, opts.tp)
-        result = run_tp(opts.tp, capture_rank, opts, device=opts.target.device)
+        result = run_tp(opts.tp, capture_rank, opts, device=opts.target.device, sigterm_to_rank0=True)
     else:
         result = _capture(load(opts.target, _device(opts.target)), opts)
     if is_main_process():

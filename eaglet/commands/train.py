@@ -24,7 +24,7 @@ def run(opts: TrainOptions) -> int:
             raise EagletError(f"--regenerate does not run with --tp {opts.tp} yet; regenerate the answers with "
                               "`eaglet data regenerate` and pass that file as --data")
         prepare(opts.target, opts.tp)
-        result = run_tp(opts.tp, train_rank, opts, start, device=opts.target.device)
+        result = run_tp(opts.tp, train_rank, opts, start, device=opts.target.device, sigterm_to_rank0=True)
         main = is_main_process()
     else:
         dist = init_distributed(opts.target.device)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from eaglet.errors import EagletError
+from eaglet.errors import EagletError, Interrupted
 from eaglet.parallel.state import SINGLE, TPGroup
 
 DEFAULT_TIMEOUT_S = 120.0  # collectives; loading a large shard happens before the first one
@@ -128,9 +128,11 @@ def run_tp(n: int, fn: Callable[..., Any], *args: Any, device: str | torch.devic
 
     ``fn`` must be a module-level function and ``args`` and the result picklable (the
     ranks are spawned processes). tp=1 runs ``fn`` here, in this process.
-    ``sigterm_to_rank0``: SIGTERM and SIGINT to this process become one SIGTERM to rank 0,
-    for jobs whose rank 0 decides how the ranks stop (a server); otherwise they end this
-    process and with it the ranks.
+    ``sigterm_to_rank0``: for jobs whose rank 0 decides how the ranks stop (a server, a
+    training loop that saves first). The ranks then run in a process group of their own,
+    so a terminal's Ctrl-C reaches only this process, and each SIGINT or SIGTERM it gets
+    becomes one SIGTERM to rank 0; an ``Interrupted`` on rank 0 is raised again here.
+    Otherwise a signal ends this process and with it the ranks.
     """
     if under_torchrun():
         return fn(init_tp(n, device, timeout_s), *args)
@@ -172,7 +174,7 @@ def _spawn(n: int, fn: Callable[..., Any], args: tuple, device: str | torch.devi
     # CPU ranks share the cores; oversubscribed OpenMP threads make every rank crawl.
     threads = None if _is_cuda(device) else max(1, _cpu_count() // n)
     procs = [ctx.Process(target=_rank_main, name=f"eaglet-rank{r}",
-                         args=(r, env, fn, args, str(device), timeout_s, threads, messages))
+                         args=(r, env, fn, args, str(device), timeout_s, threads, messages, sigterm_to_rank0))
              for r in range(n)]
     finished = False
     previous = {}
@@ -242,9 +244,11 @@ def _first_cause(reports: dict[int, tuple[bool, Any]], exited: dict[int, int]) -
         if code < 0:
             return EagletError(f"rank {rank} failed: it was killed by {signal.Signals(-code).name}")
         return EagletError(f"rank {rank} failed: it exited with status {code} without reporting an error")
-    rank, (_, (user_error, text)) = next((r, v) for r, v in reports.items() if not v[0])
+    rank, (_, (kind, text)) = next((r, v) for r, v in reports.items() if not v[0])
+    if kind == "interrupted":  # rank 0 saved and stopped on a signal: the command's own ending
+        return Interrupted(text)
     # A user error (bad config, heads not divisible) is the same one sentence on every rank.
-    return EagletError(text if user_error else f"rank {rank} failed: {text}")
+    return EagletError(text if kind == "user" else f"rank {rank} failed: {text}")
 
 
 def _stop(procs: list, wait_s: float) -> None:
@@ -267,7 +271,9 @@ def _stop(procs: list, wait_s: float) -> None:
 
 
 def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, device: str,
-               timeout_s: float, threads: int | None, messages) -> None:
+               timeout_s: float, threads: int | None, messages, own_group: bool = False) -> None:
+    if own_group:
+        os.setpgrp()  # out of the terminal's reach: signals come from the launching process only
     os.environ.clear()
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
     if threads is not None:
@@ -276,12 +282,14 @@ def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tup
         tp = init_tp(int(env["WORLD_SIZE"]), device, timeout_s)
         result = fn(tp, *args)
         messages.put((rank, True, pickle.dumps(result) if rank == 0 else None))
+    except Interrupted as e:  # rank 0 saved and stopped the others: an orderly end, the group is whole
+        messages.put((rank, False, ("interrupted", str(e))))
     except BaseException as e:  # KeyboardInterrupt too: the parent must hear why this rank stopped
         if not isinstance(e, EagletError):
             traceback.print_exc()
         first = (str(e).strip().splitlines() or [""])[0][:400]
         text = str(e) if isinstance(e, EagletError) else f"{type(e).__name__}: {first}".rstrip(": ")
-        messages.put((rank, False, (isinstance(e, EagletError), text)))
+        messages.put((rank, False, ("user" if isinstance(e, EagletError) else "bug", text)))
         messages.close()
         messages.join_thread()
         sys.stderr.flush()

@@ -74,15 +74,15 @@ def serve(cfg: ServeConfig) -> int:
 
 
 def serve_rank(tp: TPGroup, cfg: ServeConfig) -> int:
+    from eaglet.interrupt import ignoring_stop_signals
     from eaglet.serve.ranks import LeadingEngine, follow
 
     channel = ControlChannel(tp)  # before loading: every rank creates the group at the same point
     engine = load_engine(cfg, tp)
     warm_up(engine, cfg, tp)  # every rank: the steps' collectives pair up
     if tp.rank != 0:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        follow(engine, channel)
+        with ignoring_stop_signals():
+            follow(engine, channel)
         return 0
     leader = LeadingEngine(engine, channel)
     try:
@@ -110,7 +110,8 @@ def run_server(engine, cfg: ServeConfig) -> int:
 
     def handle_exit(sig, frame) -> None:
         if sig == signal.SIGINT and cfg.tp > 1:
-            return  # the launching process turns Ctrl-C into the SIGTERM that stops us, once
+            return  # the stop comes as SIGTERM (from eaglet's launcher or torchrun); a terminal's SIGINT beside it
+            # would be a second signal, which forces uvicorn out without draining
         scheduler.close(cfg.grace_s)
         uvicorn_exit(sig, frame)
 
