@@ -87,6 +87,17 @@ def _regen_config(args):
                        args.max_samples, args.max_val_samples, args.self_prompts, args.follow_ups, args.seed)
 
 
+def _endpoint(args):
+    """The server of ``data regenerate --endpoint``, with --target's tokenizer (no weights are read)."""
+    from eaglet.data.remote import CONCURRENCY, Endpoint
+    from eaglet.loading.target import load_tokenizer, resolve_target_dir
+    from eaglet.openai_client import api_base, served_model
+
+    base = api_base(args.endpoint)
+    return Endpoint(base, served_model(base, args.model), load_tokenizer(resolve_target_dir(args.target)),
+                    args.concurrency or CONCURRENCY)
+
+
 def cmd_data(args) -> int:
     import time
     from pathlib import Path
@@ -110,12 +121,14 @@ def cmd_data(args) -> int:
         rc = _regen_config(args)
         convs = sampled_prompts(load_conversations(args.data, _split(args)), rc)
         out = Path(args.out)
-        claim_output(out, regen_settings(args.target, rc.params(), rc.answers), restart=args.restart)  # before loading
+        endpoint = _endpoint(args) if args.endpoint else None
+        claim_output(out, regen_settings(endpoint or args.target, rc.params(), rc.answers),
+                     restart=args.restart)  # before loading
         if args.restart:
             for kind in ("self-prompts", "follow-ups"):
                 discard(side_file(out, kind))
         deadline = time.time() + 60 * args.time_budget_min if args.time_budget_min else None
-        target = _load_for_training(args, dev)
+        target = endpoint or _load_for_training(args, dev)
         stats = answer_sources(target, convs, out, rc, (lambda _: time.time() >= deadline) if deadline else None,
                                claim_fix="pass another --out, or --restart to start over")
         print(json.dumps({"out": args.out, **{k: sum(getattr(s, k) for s in stats)
