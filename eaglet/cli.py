@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from eaglet import __version__, options
-from eaglet.cli_checks import answer_list, device, integer, nonempty, number, point_list, size_list
+from eaglet.cli_checks import answer_list, device, integer, nonempty, number, point_list, size_list, url
 from eaglet.doctor.config import DoctorConfig
 from eaglet.errors import EXIT_INTERRUPTED, EXIT_USAGE, EagletError, internal_error
 
@@ -157,7 +157,7 @@ def _add_bench_parser(sub) -> None:
     _add_spec_options(b)
     _add_engine_options(b)
     _add_tp(b)
-    b.add_argument("--endpoint", default=None,
+    b.add_argument("--endpoint", type=url, default=None,
                    help="measure a running OpenAI-compatible server at this URL instead (streamed chat completions; "
                         "only --prompts --limit --max-new-tokens --temperature --seed --out apply)")
     b.add_argument("--concurrency", type=integer(1), default=None, help="with --endpoint: requests in flight at most")
@@ -169,7 +169,7 @@ def _add_bench_parser(sub) -> None:
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     rc = options.RegenConfig
     p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
-                   help="prompts decoded together")
+                   help="rows decoded together (a finished row takes the next prompt at once)")
     p.add_argument("--max-new-tokens", type=integer(1), default=rc.max_new_tokens, help="tokens per answer at most")
     p.add_argument("--answers", type=answer_list, default=rc.answers, metavar="SETTINGS",
                    help="answers per prompt, comma-separated: 'greedy' and sampling temperatures, e.g. "
@@ -197,9 +197,9 @@ def _add_training_parsers(sub) -> None:
                                       "its hidden states as offline features.")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     r = dsub.add_parser("regenerate", help="the target answers the prompts itself (self-distillation); resumable",
-                        description="The target answers the prompts itself (self-distillation). Finished batches "
-                                    "are appended to OUT; the settings are recorded in OUT.meta.json, and a rerun "
-                                    "with the same settings resumes where the last one stopped.")
+                        description="The target answers the prompts itself (self-distillation). Answers are "
+                                    "appended to OUT as they finish; the settings are recorded in OUT.meta.json, and "
+                                    "a rerun with the same settings resumes where the last one stopped.")
     _add_target(r, context=False)
     r.add_argument("--data", required=True, help="'builtin' (the prompt corpus) or JSONL files, comma-separated")
     r.add_argument("--split", choices=["train", "val", "all"], default="all", help="which records to answer")
@@ -210,7 +210,13 @@ def _add_training_parsers(sub) -> None:
     r.add_argument("--seed", type=int, default=options.RegenConfig.seed,
                    help="seed of the prompt sample, batch order and sampling")
     r.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
-                   help="stop after the batch running at this many minutes (default: no limit)")
+                   help="admit no prompt after this many minutes; the answers in progress finish (default: no limit)")
+    r.add_argument("--endpoint", type=url, default=None, metavar="URL",
+                   help="have a running OpenAI-compatible server (SGLang, vLLM, eaglet serve) answer instead; "
+                        "--target then gives only the tokenizer (docs/training.md)")
+    r.add_argument("--model", default=None, help="with --endpoint: the served model's name (default: the first listed)")
+    r.add_argument("--concurrency", type=integer(1), default=None,
+                   help="with --endpoint: requests in flight at most (default: 32)")
 
     c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded",
                         description="Offline features for `train --features`: the captured points and final "

@@ -94,6 +94,21 @@ def answer_list(text: str) -> tuple[float, ...]:
     return temps
 
 
+def url(text: str) -> str:
+    """An http(s) URL with a host (and a valid port, if any): a server's address."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment
+        parts.port  # noqa: B018  (raises on a port that is no number in 0..65535)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ArgumentTypeError(f"expected a server URL such as http://127.0.0.1:8000, got {text!r}")
+    return text
+
+
 def nonempty(text: str) -> str:
     if not text.strip():
         raise ArgumentTypeError("expected some text, got an empty string")
@@ -253,6 +268,19 @@ def _regenerate(args: Namespace) -> None:
     if any(_inside(out, p) for p in inputs):
         raise EagletError(f"--out {args.out} is also an input of --data; write the answers to another file")
     _follow_ups(args)
+    if args.endpoint is None:
+        given = [k for k, v in (("--model", args.model), ("--concurrency", args.concurrency)) if v is not None]
+        if given:
+            one = len(given) == 1
+            raise EagletError(f"{' and '.join(given)} appl{'ies' if one else 'y'} only with --endpoint URL; add it, "
+                              f"or leave {'it' if one else 'them'} out")
+    else:
+        local = [k for k, v in (("--self-prompts", args.self_prompts), ("--follow-ups", args.follow_ups)) if v]
+        if local:
+            one = len(local) == 1
+            raise EagletError(f"{' and '.join(local)} need{'s' * one} the local target (the target writes user "
+                              f"turns from its raw template), not --endpoint; regenerate without "
+                              f"{'it' if one else 'them'}, or without --endpoint")
 
 
 def _capture(args: Namespace) -> None:

@@ -68,7 +68,8 @@ def bench(a: Namespace) -> BenchConfig | EndpointBenchConfig:
 
 
 def regenerate(a: Namespace) -> RegenerateOptions:
-    return RegenerateOptions(a.data, a.out, _target(a), _regen(a), _split(a), a.restart, a.time_budget_min)
+    return RegenerateOptions(a.data, a.out, _target(a), _regen(a), _split(a), a.restart, a.time_budget_min,
+                             a.endpoint, a.model, a.concurrency)
 
 
 def capture(a: Namespace) -> CaptureOptions:

@@ -152,12 +152,13 @@ class PlainGenerator:
         """Build (compile, capture) the step of ``batch`` rows now rather than at its first use."""
         self._step_fn(self._cache(batch))
 
-    def session(self, batch: int, params: SamplingParams):
-        """A running batch of ``batch`` rows (one live session per batch size: they share a cache)."""
+    def session(self, batch: int, params: SamplingParams, own_draws: bool = False):
+        """A running batch of ``batch`` rows (one live session per batch size: they share a cache);
+        ``own_draws``: each row samples from a generator of its own (``Session``)."""
         from eaglet.session import Session
 
         cache = self._cache(batch)
-        return Session(self.target, cache, self._step_fn(cache), params, self.capacity)
+        return Session(self.target, cache, self._step_fn(cache), params, self.capacity, own_draws=own_draws)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,

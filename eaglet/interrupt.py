@@ -2,7 +2,7 @@
 
 ``train``, ``data regenerate`` and ``data capture`` run their loops inside
 ``stop_on_signal``. The first SIGINT or SIGTERM only sets a flag, which the loop reads
-between units (a training step, a regenerated batch, a feature shard); the loop then
+between units (a training step, a decoding step, a feature shard); the loop then
 saves its progress and raises ``Interrupted``, whose sentence says what was kept and
 how to resume, and the CLI exits with status 130. A second Ctrl-C stops at once
 (KeyboardInterrupt): every save is atomic or append-only, so what was saved before stays

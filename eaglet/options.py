@@ -267,11 +267,6 @@ class EndpointBenchConfig:
         if self.concurrency is None and self.request_rate is None:
             raise EagletError("--endpoint needs --concurrency N or --request-rate R (or both)")
 
-    @property
-    def base(self) -> str:
-        url = self.endpoint.rstrip("/")
-        return url if url.endswith("/v1") else url + "/v1"
-
 
 DEFAULT_MAX_BATCH = 8  # serve: rows decoded together, when neither --max-batch nor --batch-sizes says
 
@@ -313,6 +308,9 @@ class RegenerateOptions:
     split: str | None = None  # 'train', 'val' or None: every record
     restart: bool = False
     time_budget_min: float | None = None
+    endpoint: str | None = None  # a running OpenAI-compatible server answers instead of the local target
+    model: str | None = None  # with endpoint: the served model; None: the first listed
+    concurrency: int | None = None  # with endpoint: requests in flight at most; None: data.remote's default
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,20 @@ SpecEngine is ``decode_all`` over a session; the server's scheduler drives one d
 
 Sampling: temperature, top-p and top-k belong to the session (the speculative iteration
 is compiled per setting, and one generator draws for every row, seeded by the session's
-``seed``); the token limit and stop strings belong to each row. This ``Session`` decodes
+``seed``); the token limit and stop strings belong to each row. A plain session opened with
+``own_draws`` instead gives each row a generator and temperature of its own (``Draws``, at
+admission; top-p and top-k stay the session's): a row's tokens then depend on its prompt and
+seed only, not on which row it landed in or what ran beside it (regeneration refills rows
+continuously and must write the same answers when resumed). This ``Session`` decodes
 plainly; ``speculative/session.py`` adds the draft.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +31,7 @@ from eaglet.errors import EagletError
 from eaglet.generate import Completion, StopChecker, prefill
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
-from eaglet.sampling import SamplingParams, sample
+from eaglet.sampling import SamplingParams, sample, sample_at
 
 
 class _Row:
@@ -52,6 +58,14 @@ class _Row:
         return c.tokens[before:]
 
 
+@dataclass(frozen=True)
+class Draws:
+    """A row's own random draws (``Session(own_draws=True)``): its generator's seed and its temperature."""
+
+    seed: int
+    temperature: float  # 0 = greedy
+
+
 def same_sampling(a: SamplingParams, b: SamplingParams) -> bool:
     """Whether two requests can share a session (one distribution rule for the batch)."""
     return a.greedy and b.greedy or (a.temperature, a.top_p, a.top_k) == (b.temperature, b.top_p, b.top_k)
@@ -62,7 +76,7 @@ class Session:
 
     def __init__(self, target: Target, cache, decode: Callable[[torch.Tensor], torch.Tensor],
                  params: SamplingParams, capacity: int, roots: torch.Tensor | None = None,
-                 active: torch.Tensor | None = None):
+                 active: torch.Tensor | None = None, own_draws: bool = False):
         self.target, self.cache, self.decode, self.params, self.capacity = target, cache, decode, params, capacity
         dev = cache.lens.device
         self.roots = torch.zeros(cache.batch, dtype=torch.long, device=dev) if roots is None else roots  # [B] pending
@@ -71,6 +85,8 @@ class Session:
         self.gen = torch.Generator(device=dev)
         self.gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.rows: dict[int, _Row] = {}
+        self.own_draws = own_draws
+        self.draws: dict[int, tuple[random.Random, float]] = {}  # own_draws: row -> (its generator, temperature)
         self.last_step = "plain"  # what the last step ran: "plain" or the tree's description
         self.verifies = 0  # rows verified over the session, and the tokens they emitted (speculative only)
         self.accepted = 0
@@ -85,21 +101,45 @@ class Session:
     def running(self) -> list[int]:
         return [i for i, r in self.rows.items() if not r.done]
 
-    def sample(self, logits: torch.Tensor) -> torch.Tensor:
-        """Tokens [B] sampled on rank 0 and shared: under tensor parallelism every rank continues with them."""
-        return broadcast_from_rank0(sample(logits, self.params, self.gen), self.target.model.tp)
+    def sample(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Tokens [n] for the rows ``rows`` of logits [n, V] (default: every row), sampled on rank 0 and
+        shared: under tensor parallelism every rank continues with them."""
+        if self.own_draws:
+            toks = self._sample_own(logits, range(self.batch) if rows is None else rows)
+        else:
+            toks = sample(logits, self.params, self.gen)
+        return broadcast_from_rank0(toks, self.target.model.tp)
 
-    def admit(self, row: int, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        """Prefill ``prompts`` into the free rows ``row, row+1, ...`` (one forward) -> each one's first tokens."""
+    def _sample_own(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        # Only a row being admitted or still running draws: its generator advances once per token.
+        drawing = [i in self.draws and not (i in self.rows and self.rows[i].done) for i in rows]
+        temps = [self.draws[i][1] if d else 0.0 for i, d in zip(rows, drawing)]
+        if not any(temps):
+            return logits.argmax(-1)
+        uniform = [self.draws[i][0].random() if t else 0.0 for i, t in zip(rows, temps)]
+        dev = logits.device
+        return sample_at(logits, torch.tensor(temps, device=dev), torch.tensor(uniform, device=dev), self.params)
+
+    def admit(self, row: int, prompts: list[list[int]], params: SamplingParams,
+              draws: list[Draws] | None = None) -> list[list[int]]:
+        """Prefill ``prompts`` into the free rows ``row, row+1, ...`` (one forward) -> each one's first tokens.
+
+        ``draws``: each prompt's own generator and temperature, in a session opened with ``own_draws``.
+        """
         rows = range(row, row + len(prompts))
         if rows.stop > self.batch or any(i in self.rows for i in rows):
             raise ValueError(f"rows {rows.start}..{rows.stop - 1} are not free in a batch of {self.batch}")
-        if not same_sampling(params, self.params):
+        if (draws is not None) != self.own_draws or draws is not None and len(draws) != len(prompts):
+            raise ValueError("a session opened with own_draws takes one Draws per prompt, and no other")
+        if not same_sampling(params, self.params) and not (self.own_draws and (params.top_p, params.top_k) == (
+                self.params.top_p, self.params.top_k)):
             raise ValueError("a session samples every row with the same temperature, top-p and top-k")
         for p in prompts:
             if len(p) + 1 > self.capacity:
                 raise EagletError(f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
                                   "shorten it or raise --max-context")
+        for i, d in zip(rows, draws or ()):
+            self.draws[i] = (random.Random(d.seed), d.temperature)
         roots = self._prefill(row, prompts)  # [n]
         self.roots[rows.start:rows.stop].copy_(roots)
         first = []
@@ -113,7 +153,7 @@ class Session:
         """Prompts into their rows' caches -> the sampled pending tokens [n]."""
         view = self.cache.rows(row, row + len(prompts))
         view.reset()
-        return self.sample(prefill(self.target, view, prompts))
+        return self.sample(prefill(self.target, view, prompts), range(row, row + len(prompts)))
 
     def _add(self, row: int, tokens: list[int]) -> list[int]:
         r = self.rows[row]
@@ -137,6 +177,7 @@ class Session:
     def release(self, row: int) -> Completion:
         """Free a row now (finished or aborted): it stops advancing and can be admitted again."""
         self.active[row] = 0
+        self.draws.pop(row, None)
         return self.rows.pop(row).out
 
 

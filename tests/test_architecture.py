@@ -30,7 +30,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eaglet"
 LAYERS = [
     {"errors", ""},
     {"parallel"},
-    {"outputs", "interrupt", "options", "capture"},
+    {"outputs", "interrupt", "options", "capture", "openai_client"},
     {"models", "kv_cache", "sampling"},
     {"loading"},
     {"generate", "session", "cuda_graph", "chat", "draft"},

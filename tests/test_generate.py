@@ -39,3 +39,22 @@ def test_compile_cache_lives_under_eaglets_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
     persistent_compile_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"  # the user's choice wins
+
+
+def test_sampling_at_a_uniform_follows_the_distribution_and_keeps_its_cuts():
+    import torch
+
+    from eaglet.sampling import SamplingParams, probs, sample_at
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]]).repeat(20000, 1)
+    p = SamplingParams(top_k=3)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    drawn = sample_at(logits, torch.full((20000,), 0.8), u, p)
+    freq = torch.bincount(drawn, minlength=5).double() / 20000
+    want = probs(logits[:1], p, torch.tensor([0.8]))[0].double()
+    assert want[2] == 0 and freq[2] == 0 and freq[3] == 0  # top-k cut: never drawn
+    assert torch.allclose(freq, want, atol=0.01), (freq, want)
+    # Temperature 0 is greedy whatever the uniform; the extreme uniforms pick the first and the last
+    # token (in vocabulary order) the top-k cut keeps, never one it cut.
+    edge = sample_at(logits[:3], torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0.99, 0.0, 1 - 1e-16]), p)
+    assert edge.tolist() == [4, 0, 4]

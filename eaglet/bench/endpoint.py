@@ -23,7 +23,7 @@ import httpx
 
 from eaglet.bench.prompts import load_prompts
 from eaglet.bench.report import save_png, write_json
-from eaglet.errors import EagletError
+from eaglet.openai_client import api_base, served_model
 from eaglet.options import EndpointBenchConfig
 
 
@@ -45,7 +45,7 @@ async def _one(client: httpx.AsyncClient, cfg: EndpointBenchConfig, model: str, 
     res, start = Result(), time.perf_counter()
     last, parts = start, []
     try:
-        async with client.stream("POST", f"{cfg.base}/chat/completions", json=body) as r:
+        async with client.stream("POST", f"{api_base(cfg.endpoint)}/chat/completions", json=body) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
                 return res
@@ -76,17 +76,10 @@ async def _one(client: httpx.AsyncClient, cfg: EndpointBenchConfig, model: str, 
     return res
 
 
-async def _run(cfg: EndpointBenchConfig, conversations: list[list[dict]]) -> tuple[list[Result], float, str]:
+async def _run(cfg: EndpointBenchConfig, conversations: list[list[dict]], model: str
+               ) -> tuple[list[Result], float]:
     limits = httpx.Limits(max_connections=cfg.concurrency or len(conversations))
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        model = cfg.model
-        if model is None:
-            try:
-                r = await client.get(f"{cfg.base}/models")
-                r.raise_for_status()
-                model = r.json()["data"][0]["id"]
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
-                raise EagletError(f"could not list the models of {cfg.base}: {e}; is the server up?") from None
         gate = asyncio.Semaphore(cfg.concurrency or len(conversations))
         rng = random.Random(cfg.seed)
 
@@ -100,7 +93,7 @@ async def _run(cfg: EndpointBenchConfig, conversations: list[list[dict]]) -> tup
             if cfg.request_rate is not None:
                 await asyncio.sleep(rng.expovariate(cfg.request_rate))
         results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start, model
+        return results, time.perf_counter() - start
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -146,9 +139,11 @@ def _png(results: list[Result], summary: dict, out: Path) -> Path:
 
 def run_endpoint_bench(cfg: EndpointBenchConfig) -> dict:
     conversations = [p.messages for p in load_prompts(cfg.prompts, cfg.limit)]
-    print(f"eaglet: {len(conversations)} requests to {cfg.base} (concurrency {cfg.concurrency or 'unlimited'}, "
+    base = api_base(cfg.endpoint)
+    print(f"eaglet: {len(conversations)} requests to {base} (concurrency {cfg.concurrency or 'unlimited'}, "
           f"rate {cfg.request_rate or 'unlimited'}/s)", file=sys.stderr)
-    results, seconds, model = asyncio.run(_run(cfg, conversations))
+    model = served_model(base, cfg.model)
+    results, seconds = asyncio.run(_run(cfg, conversations, model))
     summary = summarize(results, seconds)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

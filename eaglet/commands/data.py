@@ -24,6 +24,17 @@ def _device(t: TargetOptions):
     return dist.device
 
 
+def _endpoint(opts: RegenerateOptions):
+    """The server of ``data regenerate --endpoint``, with --target's tokenizer (no weights are read)."""
+    from eaglet.data.remote import CONCURRENCY, Endpoint
+    from eaglet.loading.target import load_tokenizer, resolve_target_dir
+    from eaglet.openai_client import api_base, served_model
+
+    base = api_base(opts.endpoint)
+    return Endpoint(base, served_model(base, opts.model), load_tokenizer(resolve_target_dir(opts.target.target)),
+                    opts.concurrency or CONCURRENCY)
+
+
 def regenerate(opts: RegenerateOptions) -> int:
     from eaglet.data.prompts import load_conversations
     from eaglet.data.regenerate import claim_output, discard, regen_settings
@@ -31,15 +42,15 @@ def regenerate(opts: RegenerateOptions) -> int:
     from eaglet.train.pipeline import sampled_prompts
 
     rc, out = opts.regen, Path(opts.out)
-    device = _device(opts.target)
     convs = sampled_prompts(load_conversations(opts.data, opts.split), rc)
+    endpoint = _endpoint(opts) if opts.endpoint else None
     # claimed before loading: a clash with an earlier run's settings fails fast
-    claim_output(out, regen_settings(opts.target.target, rc.params(), rc.answers), restart=opts.restart)
+    claim_output(out, regen_settings(endpoint or opts.target.target, rc.params(), rc.answers), restart=opts.restart)
     if opts.restart:
         for kind in ("self-prompts", "follow-ups"):
             discard(side_file(out, kind))
     deadline = time.time() + 60 * opts.time_budget_min if opts.time_budget_min else None
-    target = load(opts.target, device)
+    target = endpoint or load(opts.target, _device(opts.target))
     stats = answer_sources(target, convs, out, rc, (lambda _: time.time() >= deadline) if deadline else None,
                            claim_fix="pass another --out, or --restart to start over")
     print(json.dumps({"out": opts.out, **{k: sum(getattr(s, k) for s in stats)

@@ -29,7 +29,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eaglet.data.prompts import Conversation, note, parse_record
-from eaglet.data.regenerate import claim_output, generator_for, whole_records
+from eaglet.data.refill import capacity
+from eaglet.data.regenerate import claim_output, whole_records
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.interrupt import Interrupted, stop_on_signal
@@ -126,6 +127,20 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
             bar.update(len(batch))
     bar.close()
     return kept
+
+
+def generator_for(target: Target, generators: dict[int, PlainGenerator], longest: int,
+                  max_new_tokens: int) -> PlainGenerator | None:
+    """A generator whose KV capacity holds ``longest`` prompt tokens plus the turn (``refill.capacity``,
+    so few exist), from ``generators`` or new; None when the window leaves no room."""
+    cap = capacity(target, longest, max_new_tokens)
+    if cap <= longest:
+        return None
+    if cap not in generators:
+        # No torch.compile: every (capacity, batch) shape would compile (minutes with
+        # autotuning), and at hundreds of rows a step is no longer launch-bound anyway.
+        generators[cap] = PlainGenerator(target, cap, compile=False)
+    return generators[cap]
 
 
 def self_prompt_jobs(n: int, system: str | None = None) -> list[Conversation]:

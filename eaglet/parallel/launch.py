@@ -190,6 +190,9 @@ def _spawn(n: int, fn: Callable[..., Any], args: tuple, device: str | torch.devi
         result = _watch(procs, messages)
         finished = True
         return result
+    except Interrupted:
+        finished = True  # an orderly end: the ranks leave the group and exit on their own
+        raise
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -256,8 +256,13 @@ class SpecEngine:
                 times.append(time.perf_counter() - t0)
         return sorted(times[2:])[1]
 
-    def _costs(self, batch: int, cfg: TreeConfig, params: SamplingParams, gen: torch.Generator) -> None:
-        """Time a plain step and this tree's iteration once (per engine, batch size and tree)."""
+    def _costs(self, batch: int, cfg: TreeConfig, params: SamplingParams) -> None:
+        """Time a plain step and this tree's iteration once (per engine, batch size and tree).
+
+        The timed iterations draw from a generator of their own: drawing from the session's
+        would make a seeded request's answer depend on whether its tree had been timed before.
+        """
+        gen = torch.Generator(device=self.device)
         tcache, _, state = self._caches[batch]
         if batch not in self.policy.plain_step_s:
             step = self._plain_step(tcache)
@@ -276,7 +281,7 @@ class SpecEngine:
         if cfg is None:
             self._plain_step(tcache)
         else:
-            self._costs(batch, cfg, SamplingParams(), torch.Generator(device=self.device))
+            self._costs(batch, cfg, SamplingParams())
 
     def session(self, batch: int, params: SamplingParams) -> SpecSession:
         """A running batch of ``batch`` rows (one live session per batch size: they share its caches)."""

@@ -64,7 +64,7 @@ class SpecSession(Session):
             policy.observe_plain(b)
             return super().step()
         if policy.adaptive:
-            self.eng._costs(b, cfg, self.params, self.gen)
+            self.eng._costs(b, cfg, self.params)
         result = self.eng._iteration(b, cfg, self.params)(self.gen)  # per row [emitted (W)..., count]
         news, tokens = {}, 0
         for i in live:

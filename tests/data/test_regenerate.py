@@ -109,3 +109,59 @@ def test_cli_caps_validation_prompts_and_restarts_only_when_asked(tiny_target_di
     assert "--restart" in capsys.readouterr().err
     assert main([*argv, "--max-new-tokens", "5", "--restart"]) == 0
     assert json.loads(meta_path(out).read_text())["max_new_tokens"] == 5 and len(out.read_text().splitlines()) == 4
+
+
+def _ends_by_first_token(monkeypatch) -> None:
+    """Each answer ends after 2..10 tokens, by its first token: rows finish at different steps, so
+    finished rows are refilled while the others run (the tiny target seldom writes its end token)."""
+    from eaglet.generate import StopChecker
+
+    original = StopChecker.check
+
+    def check(self, tokens, n_new=1):
+        keep = original(self, tokens, n_new)
+        return keep if keep is not None or len(tokens) < 2 + tokens[0] % 9 else len(tokens)
+
+    monkeypatch.setattr(StopChecker, "check", check)
+
+
+def test_refilled_rows_give_the_targets_greedy_answers(tiny_target, tmp_path, monkeypatch):
+    _ends_by_first_token(monkeypatch)
+    ps = prompts(14, seed=8, split="train")
+    out = tmp_path / "r.jsonl"
+    assert regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False).written == 14
+    recs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    gen = PlainGenerator(tiny_target, 128)
+    lengths = set()
+    for p in ps:
+        [alone] = gen.generate([encode_chat(tiny_target.tokenizer, p.prompt())], PARAMS)
+        assert recs[p.id]["answer_ids"] == alone.tokens, p.id
+        lengths.add(len(alone.tokens))
+    assert len(lengths) > 3  # the rows did finish at different steps
+
+
+def test_answers_do_not_depend_on_the_batch(tiny_target, tmp_path, monkeypatch):
+    """Sampled answers too: each draws from its own generator, whatever row and company it gets."""
+    _ends_by_first_token(monkeypatch)
+    ps = prompts(9, seed=9, split="train")
+    runs = {}
+    for rows in (1, 4, 16):
+        out = tmp_path / f"r{rows}.jsonl"
+        regenerate(tiny_target, ps, out, SamplingParams(max_new_tokens=12, seed=5), batch_size=rows,
+                   temperatures=(0.0, 1.0), progress=False)
+        runs[rows] = sorted(out.read_text().splitlines())
+    assert len(runs[1]) == 18 and runs[1] == runs[4] == runs[16]
+    sampled = [json.loads(line) for line in runs[1] if "~t1" in line]
+    greedy = {r["id"]: r for r in map(json.loads, runs[1]) if "~t" not in r["id"]}
+    assert any(r["answer_ids"] != greedy[r["id"].split("~")[0]]["answer_ids"] for r in sampled)  # they do sample
+
+
+def test_a_budget_stops_admitting_and_the_rows_in_flight_finish(tiny_target, tmp_path):
+    ps = prompts(6, seed=10)
+    asked = []
+    out = tmp_path / "r.jsonl"
+    stats = regenerate(tiny_target, ps, out, PARAMS, batch_size=2, progress=False,
+                       stop_when=lambda tokens: asked.append(tokens) or len(asked) > 1)
+    assert stats.stopped_early and stats.written == 2 and asked[0] == 0  # the first two rows, run to their end
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["finish_reason"] == "stop" or r["completion_tokens"] == 12 for r in recs)  # ended, not cut

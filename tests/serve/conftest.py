@@ -40,9 +40,9 @@ def served_dirs(tmp_path_factory) -> tuple[Path, Path]:
     return target, save_random_draft(target, root / "draft", 64)
 
 
-def new_engine(dirs) -> SpecEngine:
+def new_engine(dirs, adaptive: bool = True) -> SpecEngine:
     target = load_target(str(dirs[0]), dtype=torch.float32, device="cpu")
-    return SpecEngine(target, load_engine_draft(dirs[1], target), CONTEXT, log=lambda _: None)
+    return SpecEngine(target, load_engine_draft(dirs[1], target), CONTEXT, log=lambda _: None, adaptive=adaptive)
 
 
 class Served:

@@ -55,33 +55,37 @@ def test_train_interrupted_resumes_from_the_interrupted_step(tiny_target_dir, tm
     assert (run / "draft" / "config.json").is_file()
 
 
-def _regen_args(tiny_target_dir, tmp_path, n: int):
+def _regen_args(tiny_target_dir, tmp_path, n: int, out: str = "r.jsonl"):
     src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages)} for p in prompts(n, seed=12)])
-    out = tmp_path / "r.jsonl"
     return ["data", "regenerate", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src),
-            "--out", str(out), "--max-new-tokens", "4", "--batch-size", "4"], out
+            "--out", str(tmp_path / out), "--max-new-tokens", "4", "--batch-size", "4",
+            "--answers", "greedy,1.0"], tmp_path / out
 
 
 def _ids(out) -> list[str]:
     return [json.loads(line)["id"] for line in out.read_text().splitlines()]
 
 
-def test_regenerate_interrupted_keeps_finished_batches_and_resumes(tiny_target_dir, tmp_path, monkeypatch, capsys):
-    import eaglet.data.regenerate as regen
+def test_regenerate_interrupted_keeps_finished_answers_and_resumes(tiny_target_dir, tmp_path, monkeypatch, capsys):
+    from eaglet.session import Session
 
     args, out = _regen_args(tiny_target_dir, tmp_path, 14)
-    with monkeypatch.context() as m:
-        interrupt_on_call(m, regen.PlainGenerator, "generate", call=1)
+    with monkeypatch.context() as m:  # Ctrl-C at step 5: four rows have finished, four are in flight
+        interrupt_on_call(m, Session, "step", call=5)
         assert main(args) == 130
-    assert "4 answers were added" in capsys.readouterr().err
-    assert len(_ids(out)) == 4  # the batch running at Ctrl-C was finished and written
-    with monkeypatch.context() as m:  # a second Ctrl-C stops at once, in the middle of a batch
-        interrupt_on_call(m, regen.PlainGenerator, "generate", call=1, times=2)
+    written = len(_ids(out))
+    assert f"{written} answers were added" in capsys.readouterr().err and 0 < written < 28
+    with monkeypatch.context() as m:  # a second Ctrl-C stops at once, rows in flight
+        interrupt_on_call(m, Session, "step", call=1, times=2)
         assert main(args) == 130
-    assert len(_ids(out)) == 4 and out.read_text().endswith("\n")
+    assert len(_ids(out)) == written and out.read_text().endswith("\n")
     assert main(args) == 0
     ids = _ids(out)
-    assert len(ids) == 14 and len(set(ids)) == 14  # no line lost, none repeated
+    assert len(ids) == 28 and len(set(ids)) == 28  # no line lost, none repeated
+    # ... and the resumed file holds what one uncut run writes, sampled answers included.
+    uncut_args, uncut = _regen_args(tiny_target_dir, tmp_path, 14, "uncut.jsonl")
+    assert main(uncut_args) == 0
+    assert sorted(out.read_text().splitlines()) == sorted(uncut.read_text().splitlines())
 
 
 def test_capture_interrupted_keeps_finished_shards_and_resumes(tiny_target_dir, tmp_path, monkeypatch, capsys):

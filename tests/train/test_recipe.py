@@ -89,8 +89,8 @@ def test_budget_split_rule():
 def test_one_command_cut_into_pieces_ends_as_the_uncut_run(tiny_target_dir, tmp_path, monkeypatch, capsys):
     """`train --regenerate --time-budget-min` with sampled answers, Magpie prompts and second turns, stopped
     twice while regenerating and once while training: the resumed pieces end with the uncut run's draft."""
-    import eaglet.data.regenerate as regen
     import eaglet.data.sources as sources
+    from eaglet.session import Session
 
     answers_end_after(monkeypatch, 16)  # second turns continue answers that ended (and 16 bytes make a turn)
     src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages), "split": "val" if i < 4 else "train",
@@ -102,11 +102,14 @@ def test_one_command_cut_into_pieces_ends_as_the_uncut_run(tiny_target_dir, tmp_
             "--batch-tokens", "512", "--epochs", "2", "--warmup-steps", "2", "--save-every", "2"]
     assert main([*args, "--out", str(tmp_path / "uncut")]) == 0
     run = tmp_path / "cut"
-    for owner, name, call in ((sources, "write_turns", 1), (regen.PlainGenerator, "generate", 3),
-                              (Trainer, "_forward", 3)):
+    for owner, name, call, said in ((sources, "write_turns", 1, "interrupted"),
+                                    (Session, "step", 40, "answers were added"),  # rows of a regeneration in flight
+                                    (Trainer, "_forward", 3, "training stopped")):
+        capsys.readouterr()
         with monkeypatch.context() as m:
             interrupt_on_call(m, owner, name, call)
             assert main([*args, "--out", str(run)]) == 130
+        assert said in capsys.readouterr().err
     assert main([*args, "--out", str(run)]) == 0
     capsys.readouterr()
 

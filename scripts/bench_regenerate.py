@@ -1,0 +1,83 @@
+"""Regeneration speed: answer tokens per second of ``eaglet.data.regenerate.regenerate``.
+
+    PYTHONPATH=. python scripts/bench_regenerate.py --target smollm2-135m --prompts 64 --batch 16
+    PYTHONPATH=. python scripts/bench_regenerate.py --target random:tiny --prompts 256 --batch 64
+    PYTHONPATH=. python scripts/bench_regenerate.py --target smollm2-135m --device cuda --prompts 4096 --batch 512
+
+The prompts are a seeded sample of the built-in corpus's training prompts, answered greedily
+into a fresh file. ``random:NAME`` is a random-weight model of that shape with SmolLM2's
+tokenizer (its answers almost never end early: every one runs to --max-new-tokens).
+Prints one JSON line: answers, answer tokens, wall seconds, tok/s, and CPU seconds of this
+process (on a shared machine the wall time also counts other jobs; the CPU time mostly not).
+The signature of ``regenerate`` is the one before continuous refill too, so
+``PYTHONPATH=<older checkout>`` measures the older code with this same script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from eaglet.data.prompts import load_conversations
+from eaglet.data.regenerate import regenerate
+from eaglet.loading.target import Target, build_model, load_target, load_tokenizer, resolve_target_dir
+from eaglet.models.config import ModelConfig
+from eaglet.sampling import SamplingParams
+
+SHAPES = {  # random-weight targets; SmolLM2's vocabulary, so its tokenizer serves
+    "tiny": dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+                 num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=2048,
+                 tie_word_embeddings=True),
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                         max_position_embeddings=8192, tie_word_embeddings=True),
+}
+
+
+def random_target(name: str, dtype, device) -> Target:
+    cfg = ModelConfig(**SHAPES[name])
+    model = build_model(cfg, dtype, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02, generator=gen)
+    return Target(model, load_tokenizer(resolve_target_dir("smollm2-135m")), cfg, f"random:{name}", None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m", help="a target, or random:tiny / random:smollm2-135m")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    a = p.parse_args()
+    dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
+    if a.target.startswith("random:"):
+        target = random_target(a.target.split(":", 1)[1], dtype, a.device)
+    else:
+        target = load_target(a.target, dtype=dtype, device=a.device)
+    convs = [c for c in load_conversations("builtin") if c.split != "val"]
+    convs = random.Random(0).sample(convs, a.prompts)
+    params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        stats = regenerate(target, convs, Path(tmp) / "r.jsonl", params, a.batch, progress=False)
+        seconds, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+    print(json.dumps({"target": a.target, "device": a.device, "batch": a.batch, "max_new_tokens": a.max_new_tokens,
+                      "answers": stats.written, "too_long": stats.too_long, "tokens": stats.tokens,
+                      "seconds": round(seconds, 2), "tok_s": round(stats.tokens / seconds, 1),
+                      "cpu_seconds": round(cpu, 1), "tok_per_cpu_s": round(stats.tokens / cpu, 2),
+                      "threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
