@@ -151,7 +151,8 @@ def _add_bench_parser(sub) -> None:
     _add_sampling(b, options.BenchConfig.sampling)
     b.add_argument("--batch-size", type=integer(1), default=options.BenchConfig.batch_size,
                    help="prompts decoded together (ours and hf)")
-    b.add_argument("--methods", default=",".join(options.BENCH_METHODS), help="comma-separated subset of the default")
+    b.add_argument("--methods", default=",".join(options.BENCH_METHODS),
+                   help="comma-separated subset of %(default)s (default: all of them)")
     b.add_argument("--out", required=True,
                    help="directory for report.json and report.png: new, empty, or an earlier bench's")
     _add_spec_options(b)
@@ -306,7 +307,8 @@ def _add_train_parser(sub) -> None:
                    help="residual-stream points in eaglet's convention (default: EAGLE-3's [2, N//2, N-3])")
     t.add_argument("--save-every", type=integer(1), default=tc.save_every, help="checkpoint every N steps")
     t.add_argument("--val-every", type=integer(1), default=tc.val_every, help="validate every N steps")
-    t.add_argument("--seed", type=int, default=tc.seed, help="seed of the draft's initialisation and the batch order")
+    t.add_argument("--seed", type=int, default=tc.seed, help="seed of the draft's initialisation and the batch order "
+                   "(with --regenerate also of the prompt sample and sampling)")
     t.add_argument("--no-autocast", action="store_true", help="no bf16 autocast on CUDA")
     t.add_argument("--tensorboard", action="store_true", help="also log to OUT/tensorboard (needs tensorboard)")
     _add_tp(t)

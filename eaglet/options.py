@@ -1,7 +1,7 @@
 """What a command was asked to do, as typed frozen objects, each default written once.
 
-cli.py turns the parsed arguments into these (its argparse defaults are read from them, so the
-manual and the library agree) and ``eaglet/commands/`` runs them; the library modules take the
+cli_options.py turns the parsed arguments into these (cli.py's argparse defaults are read from them,
+so the manual and the library agree) and ``eaglet/commands/`` runs them; the library modules take the
 pieces they need (``SamplingParams``, ``TreeConfig``, ``TrainConfig``...). Values are checked at
 construction, in the CLI's words. Nothing here imports torch, so parsing the command line and
 printing --help stay quick: a dtype is a name until a model loads.

@@ -17,8 +17,9 @@
 4. the answers at the other settings of ``answers`` (sampled temperatures), one record
    each, for the training prompts and second turns: the bulk of the tokens, so last.
 
-Every stage resumes from its file; a time budget (``stop_when``) ends the run between
-batches, so later stages are the first to be cut.
+Every stage resumes from its file; a time budget (``stop_when``) stops admitting prompts
+(answers: before each prompt joins the running batch, those in flight finish; written turns:
+between batches), so later stages are the first to be cut.
 """
 
 from __future__ import annotations
