@@ -352,8 +352,8 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--max-batch", type=integer(1), default=options.ServeConfig.max_batch,
                    help=f"rows decoded together at most (the running batch; default {options.DEFAULT_MAX_BATCH})")
     s.add_argument("--batch-sizes", type=size_list, default=options.ServeConfig.batch_sizes, metavar="SIZES",
-                   help="the batch sizes a batch may open with, e.g. 1,16,64 (default: the powers of two up to "
-                        "--max-batch); each builds its own CUDA graphs")
+                   help="the batch sizes a batch may open with, e.g. 1,16,64 (default: the powers of two below "
+                        "--max-batch, and --max-batch); each builds its own CUDA graphs")
     s.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=options.ServeConfig.warm_up,
                    help="build every batch size's compiled step before listening (default: on with CUDA graphs)")
     s.add_argument("--max-queue", type=integer(0), default=options.ServeConfig.max_queue,
