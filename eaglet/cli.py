@@ -217,7 +217,7 @@ def _add_training_parsers(sub) -> None:
                         "--target then gives only the tokenizer (docs/training.md)")
     r.add_argument("--model", default=None, help="with --endpoint: the served model's name (default: the first listed)")
     r.add_argument("--concurrency", type=integer(1), default=None,
-                   help="with --endpoint: requests in flight at most (default: 32)")
+                   help=f"with --endpoint: requests in flight at most (default: {options.REGEN_CONCURRENCY})")
 
     c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded",
                         description="Offline features for `train --features`: the captured points and final "
@@ -356,7 +356,7 @@ def _add_serve_parser(sub) -> None:
                         "--max-batch, and --max-batch); each builds its own CUDA graphs")
     s.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=options.ServeConfig.warm_up,
                    help="build every batch size's compiled step before listening (default: on with CUDA graphs)")
-    s.add_argument("--max-queue", type=integer(0), default=options.ServeConfig.max_queue,
+    s.add_argument("--max-queue", type=integer(1), default=options.ServeConfig.max_queue,
                    help="requests waiting for a row; more are answered 429")
     s.add_argument("--grace", type=number(0), default=options.ServeConfig.grace_s,
                    help="seconds running requests get after SIGTERM")

@@ -60,12 +60,17 @@ def number(low: float, high: float | None = None, low_open: bool = False, high_o
     return parse
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """Comma-separated integers; () when any is not one."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        return ()
+
+
 def point_list(text: str) -> tuple[int, ...]:
     """Comma-separated non-negative integers (capture points or layer ids), at least one."""
-    try:
-        ids = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        ids = ()
+    ids = _ints(text)
     if not ids or min(ids) < 0:
         raise ArgumentTypeError(f"expected comma-separated non-negative integers such as 2,15,27, got {text!r}")
     return ids
@@ -73,10 +78,7 @@ def point_list(text: str) -> tuple[int, ...]:
 
 def size_list(text: str) -> tuple[int, ...]:
     """Comma-separated distinct positive integers (batch sizes), ascending."""
-    try:
-        sizes = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        sizes = ()
+    sizes = _ints(text)
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
         raise ArgumentTypeError(f"expected distinct positive integers such as 1,16,64, got {text!r}")
     return tuple(sorted(sizes))

@@ -60,7 +60,7 @@ class TreeConfig:
 
     def __post_init__(self) -> None:
         s, k, n = self.num_steps, self.topk, self.num_draft_tokens
-        for flag, v in (("--num-steps", s), ("--topk", k), ("--num-draft-tokens", n)):
+        for flag, v in (("--num-steps", s), ("--tree-topk", k), ("--num-draft-tokens", n)):
             if not isinstance(v, int) or v < 1:
                 raise EagletError(f"{flag} must be a positive integer, got {v}")
         if k == 1 and n != s + 1:
@@ -268,6 +268,7 @@ class EndpointBenchConfig:
             raise EagletError("--endpoint needs --concurrency N or --request-rate R (or both)")
 
 
+REGEN_CONCURRENCY = 32  # data regenerate --endpoint: requests in flight unless --concurrency says
 DEFAULT_MAX_BATCH = 8  # serve: rows decoded together, when neither --max-batch nor --batch-sizes says
 
 
@@ -293,8 +294,8 @@ class ServeConfig:
                               "disagree: the largest batch size is the limit, so give one of them")
         if self.max_queue < 1:
             raise EagletError(f"--max-queue must be >= 1, got {self.max_queue}")
-        if not 0 <= self.port < 65536:
-            raise EagletError(f"--port must be in 0..65535, got {self.port}")
+        if not 0 < self.port < 65536:
+            raise EagletError(f"--port must be in 1..65535, got {self.port}")
         if self.grace_s < 0:
             raise EagletError(f"--grace must be >= 0, got {self.grace_s}")
 

@@ -63,7 +63,7 @@ CASES = [  # (id, argv, words the message must hold)
      ["--request-rate", "> 0"]),
     ("serve-port-0", ["serve", "--target", M, "--port", "0"], ["--port", ">= 1", "'0'"]),
     ("serve-max-batch-0", ["serve", "--target", M, "--max-batch", "0"], ["--max-batch", ">= 1"]),
-    ("serve-max-queue-negative", ["serve", "--target", M, "--max-queue", "-1"], ["--max-queue", ">= 0"]),
+    ("serve-max-queue-0", ["serve", "--target", M, "--max-queue", "0"], ["--max-queue", ">= 1"]),
     ("serve-grace-negative", ["serve", "--target", M, "--grace", "-5"], ["--grace", ">= 0"]),
     ("serve-draft-missing", ["serve", "--target", M, "--draft", "{ws}/nope"], ["--draft", "not a draft"]),
     ("serve-batch-sizes-0", ["serve", "--target", M, "--batch-sizes", "0,4"], ["--batch-sizes", "'0,4'"]),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eaglet.commands.common import lead, load, prepare, shard, tp_job
 from eaglet.errors import EagletError
-from eaglet.options import CaptureOptions, RegenerateOptions, TargetOptions
+from eaglet.options import REGEN_CONCURRENCY, CaptureOptions, RegenerateOptions, TargetOptions
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
 
@@ -26,13 +26,13 @@ def _device(t: TargetOptions):
 
 def _endpoint(opts: RegenerateOptions):
     """The server of ``data regenerate --endpoint``, with --target's tokenizer (no weights are read)."""
-    from eaglet.data.remote import CONCURRENCY, Endpoint
+    from eaglet.data.remote import Endpoint
     from eaglet.loading.target import load_tokenizer, resolve_target_dir
     from eaglet.openai_client import api_base, served_model
 
     base = api_base(opts.endpoint)
     return Endpoint(base, served_model(base, opts.model), load_tokenizer(resolve_target_dir(opts.target.target)),
-                    opts.concurrency or CONCURRENCY)
+                    opts.concurrency or REGEN_CONCURRENCY)
 
 
 def regenerate(opts: RegenerateOptions) -> int:

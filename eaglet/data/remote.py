@@ -27,9 +27,9 @@ from eaglet.data.prompts import note
 from eaglet.data.refill import Answer, Job
 from eaglet.errors import EagletError
 from eaglet.openai_client import post_json
+from eaglet.options import REGEN_CONCURRENCY
 from eaglet.sampling import SamplingParams
 
-CONCURRENCY = 32  # requests in flight unless --concurrency says
 POLL_S = 0.5  # how often the loop looks at Ctrl-C while every request in flight is still running
 TIMEOUT_S = 900.0  # one answer of a large model at a busy server can take minutes
 
@@ -41,7 +41,7 @@ class Endpoint:
     base: str  # e.g. http://host:8000/v1 (``openai_client.api_base``)
     model: str
     tokenizer: object
-    concurrency: int = CONCURRENCY
+    concurrency: int = REGEN_CONCURRENCY
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

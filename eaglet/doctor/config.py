@@ -58,4 +58,4 @@ class DoctorConfig:
 
     @property
     def tree_flags(self) -> dict[str, int | None]:
-        return {"--num-steps": self.num_steps, "--topk": self.topk, "--num-draft-tokens": self.num_draft_tokens}
+        return {"--num-steps": self.num_steps, "--tree-topk": self.topk, "--num-draft-tokens": self.num_draft_tokens}

@@ -82,7 +82,7 @@ def check_settings(target: Target, draft, cfg: DoctorConfig, shortest_prompt: in
         trees, how = default_ladder(dev, 1), f"automatic for {dev} batch 1"
     elif any(v is None for v in given.values()):
         missing = ", ".join(k for k, v in given.items() if v is None)
-        chk.flag(FAIL, f"set all of --num-steps, --topk and --num-draft-tokens, or none of them (automatic); "
+        chk.flag(FAIL, f"set all of --num-steps, --tree-topk and --num-draft-tokens, or none of them (automatic); "
                        f"missing: {missing}")
     else:
         try:

@@ -178,10 +178,10 @@ class SpecEngine:
                  topk: int | None = None, num_draft_tokens: int | None = None, use_graphs: bool | None = None,
                  adaptive: bool = True, log: Callable[[str], None] = _stderr, static_shapes: bool | None = None,
                  compile: bool | None = None):
-        given = {"--num-steps": num_steps, "--topk": topk, "--num-draft-tokens": num_draft_tokens}
+        given = {"--num-steps": num_steps, "--tree-topk": topk, "--num-draft-tokens": num_draft_tokens}
         if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
             missing = ", ".join(k for k, v in given.items() if v is None)
-            raise EagletError(f"set all of --num-steps, --topk and --num-draft-tokens, or none of them "
+            raise EagletError(f"set all of --num-steps, --tree-topk and --num-draft-tokens, or none of them "
                               f"(automatic); missing: {missing}")
         fixed = TreeConfig(num_steps, topk, num_draft_tokens) if num_steps is not None else None
         c, tc = draft.config, target.config

@@ -17,7 +17,7 @@ The rule judges on evidence, never on one prompt's first iterations:
   more), and below the smallest to plain decoding;
 - after ``RETRY_PLAIN_STEPS`` plain steps, speculation is tried again from the top.
 Each decision is printed with its numbers. With an explicit tree
-(``--num-steps/--topk/--num-draft-tokens``) the only step down is to plain decoding.
+(``--num-steps/--tree-topk/--num-draft-tokens``) the only step down is to plain decoding.
 
 Under tensor parallelism each rank times its own steps, so each would decide
 differently; ``agree`` turns a rank's decision into rank 0's (a broadcast), and every

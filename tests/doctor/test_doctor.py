@@ -272,7 +272,7 @@ def loaded(target, trained_draft):
 @pytest.mark.parametrize("kw, verdict, words", [
     (dict(num_steps=3, topk=1, num_draft_tokens=8), "fail", "topk=1 drafts a chain of num_steps=3 tokens, so "
                                                             "num_draft_tokens must be 4"),
-    (dict(num_steps=3), "fail", "missing: --topk, --num-draft-tokens"),
+    (dict(num_steps=3), "fail", "missing: --tree-topk, --num-draft-tokens"),
     (dict(num_steps=2, topk=4, num_draft_tokens=40), "fail", "exceeds the 21 nodes"),
     (dict(num_steps=3, topk=300, num_draft_tokens=40), "fail", "topk=300 exceeds the draft vocabulary"),
     (dict(num_steps=3, topk=2, num_draft_tokens=6, max_context=24), "fail", "needs 26 positions; the context holds 24"),

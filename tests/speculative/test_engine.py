@@ -168,7 +168,7 @@ def test_policy_falls_back_to_plain_when_slower(target):
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(num_steps=3), "missing: --topk, --num-draft-tokens"),
+    (dict(num_steps=3), "missing: --tree-topk, --num-draft-tokens"),
     (dict(num_steps=3, topk=2), "missing: --num-draft-tokens"),
     (dict(num_steps=3, topk=1, num_draft_tokens=5), "topk=1"),
     (dict(num_steps=2, topk=50, num_draft_tokens=10), "topk=50 exceeds the draft vocabulary"),

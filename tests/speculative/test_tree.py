@@ -154,7 +154,7 @@ def test_sampled_children_follow_draft_distribution(target, setup):
 
 @pytest.mark.parametrize("values, match", [
     ((0, 2, 3), "--num-steps must be a positive integer, got 0"),
-    ((3, -1, 4), "--topk must be a positive integer, got -1"),
+    ((3, -1, 4), "--tree-topk must be a positive integer, got -1"),
     ((3, 2, 0), "--num-draft-tokens must be a positive integer, got 0"),
     ((5, 1, 8), r"topk=1 .* num_steps=5 .* must be 6 .* got num_draft_tokens=8"),
     ((5, 1, 4), r"topk=1 .* num_steps=5 .* must be 6 .* got num_draft_tokens=4"),
