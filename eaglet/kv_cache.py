@@ -13,6 +13,8 @@ slots at or beyond ``lens`` except the new tokens).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +92,18 @@ class KVCache:
         view._rows = self._rows[: stop - start]
         return view
 
+    def copy_rows_from(self, src: KVCache, dst: torch.Tensor) -> None:
+        """Rows ``0..n-1`` of ``src`` (their committed slots and ``lens``) into rows ``dst`` [n] of this cache.
+
+        In place, so the tensors a captured graph reads stay the same. The slots copied run to the
+        longest row's ``lens``; a shorter row's extra slots lie past its ``lens``, where nothing reads.
+        Whole slots move, whatever a slot holds (a subclass without V has an empty ``v``).
+        """
+        s = int(src.lens.max())
+        for mine, theirs in zip((*self.k, *self.v), (*src.k, *src.v)):
+            mine[dst, :, :s] = theirs[:, :, :s]
+        self.lens[dst] = src.lens
+
     def check_room(self, extra: int) -> None:
         need = int(self.lens.max()) + extra
         if need > self.capacity:
@@ -133,3 +147,37 @@ class KVCache:
 
     def advance(self, n: torch.Tensor | int) -> None:
         self.lens += n
+
+
+class Landing:
+    """Where prompts joining rows of a running batch are prefilled, in one forward whatever the rows.
+
+    Neighbouring rows are prefilled in place through their row view. Scattered rows are
+    prefilled into a scratch cache of the prompts' size, then copied into their rows
+    (``copy_rows_from``): one forward plus one copy a layer, against one forward a row. The
+    scratch caches are kept, one per power-of-two count of rows, each grown to the longest
+    prompt it has held (a power of two too), so a steady stream of admissions allocates nothing.
+    """
+
+    def __init__(self, cache: KVCache, new_cache: Callable[[int, int], KVCache]):
+        self.cache, self.new_cache = cache, new_cache
+        self.scratch: dict[int, KVCache] = {}
+
+    @contextmanager
+    def into(self, rows: Sequence[int], longest: int) -> Iterator[KVCache]:
+        """A cache of ``len(rows)`` empty rows to prefill prompts of up to ``longest`` tokens into; on a clean
+        exit its rows are the cache's ``rows``."""
+        n, first = len(rows), rows[0]
+        if list(rows) == list(range(first, first + n)):
+            view = self.cache.rows(first, first + n)
+            view.reset()
+            yield view
+            return
+        size = 1 << (n - 1).bit_length()
+        scratch = self.scratch.get(size)
+        if scratch is None or scratch.capacity < longest:
+            scratch = self.scratch[size] = self.new_cache(size, 1 << max(longest - 1, 1).bit_length())
+        view = scratch.rows(0, n)
+        view.reset()
+        yield view
+        self.cache.copy_rows_from(view, torch.tensor(list(rows), device=self.cache.lens.device))

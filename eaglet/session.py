@@ -1,7 +1,7 @@
 """A running batch that requests join and leave between steps (continuous batching).
 
 A session owns one batch of cache rows and the pending token of each. ``admit`` prefills
-prompts into free rows and returns their first tokens; ``step`` advances every running
+prompts into any free rows, in one forward, and returns their first tokens; ``step`` advances every running
 row by one iteration and returns the tokens that became final, per row; ``release``
 frees a row at once (finished or aborted). Rows are independent: each has its own
 ``lens`` in the caches and an ``active`` flag, and an inactive row commits nothing, so a
@@ -29,6 +29,7 @@ import torch
 
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, StopChecker, prefill
+from eaglet.kv_cache import Landing
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample, sample_at
@@ -85,6 +86,7 @@ class Session:
         self.gen = torch.Generator(device=dev)
         self.gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.rows: dict[int, _Row] = {}
+        self.landing = Landing(cache, target.model.new_cache)
         self.own_draws = own_draws
         self.draws: dict[int, tuple[random.Random, float]] = {}  # own_draws: row -> (its generator, temperature)
         self.last_step = "plain"  # what the last step ran: "plain" or the tree's description
@@ -120,40 +122,51 @@ class Session:
         dev = logits.device
         return sample_at(logits, torch.tensor(temps, device=dev), torch.tensor(uniform, device=dev), self.params)
 
-    def admit(self, row: int, prompts: list[list[int]], params: SamplingParams,
-              draws: list[Draws] | None = None) -> list[list[int]]:
-        """Prefill ``prompts`` into the free rows ``row, row+1, ...`` (one forward) -> each one's first tokens.
+    def admit(self, rows: int | Sequence[int], prompts: list[list[int]],
+              params: SamplingParams | Sequence[SamplingParams], draws: list[Draws] | None = None) -> list[list[int]]:
+        """Prefill ``prompts`` into free rows in one forward -> each one's first tokens.
 
-        ``draws``: each prompt's own generator and temperature, in a session opened with ``own_draws``.
+        ``rows``: one free row per prompt, anywhere in the batch (an int ``r`` stands for ``r, r+1, ...``).
+        ``params``: one for every prompt, or one each (the token limit and stop strings are a row's own;
+        temperature, top-p and top-k must be the session's). ``draws``: each prompt's own generator and
+        temperature, in a session opened with ``own_draws``. On an error nothing is admitted.
         """
-        rows = range(row, row + len(prompts))
-        if rows.stop > self.batch or any(i in self.rows for i in rows):
-            raise ValueError(f"rows {rows.start}..{rows.stop - 1} are not free in a batch of {self.batch}")
+        rows = list(range(rows, rows + len(prompts))) if isinstance(rows, int) else list(rows)
+        each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(rows) != len(prompts) or len(each) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts need as many rows and settings, got {len(rows)} and {len(each)}")
+        if len(set(rows)) < len(rows) or any(not 0 <= i < self.batch or i in self.rows for i in rows):
+            raise ValueError(f"rows {rows} are not free in a batch of {self.batch}, or one repeats")
         if (draws is not None) != self.own_draws or draws is not None and len(draws) != len(prompts):
             raise ValueError("a session opened with own_draws takes one Draws per prompt, and no other")
-        if not same_sampling(params, self.params) and not (self.own_draws and (params.top_p, params.top_k) == (
-                self.params.top_p, self.params.top_k)):
-            raise ValueError("a session samples every row with the same temperature, top-p and top-k")
-        for p in prompts:
-            if len(p) + 1 > self.capacity:
-                raise EagletError(f"the prompt has {len(p)} tokens but the context holds {self.capacity}; "
-                                  "shorten it or raise --max-context")
+        for p in each:
+            if not same_sampling(p, self.params) and not (self.own_draws and (p.top_p, p.top_k) == (
+                    self.params.top_p, self.params.top_k)):
+                raise ValueError("a session samples every row with the same temperature, top-p and top-k")
+        for prompt in prompts:
+            self.check_prompt(prompt)
         for i, d in zip(rows, draws or ()):
             self.draws[i] = (random.Random(d.seed), d.temperature)
-        roots = self._prefill(row, prompts)  # [n]
-        self.roots[rows.start:rows.stop].copy_(roots)
+        roots = self._prefill(rows, prompts)  # [n]
+        self.roots[torch.tensor(rows, device=self.roots.device)] = roots
         first = []
-        for i, p, t in zip(rows, prompts, roots.tolist()):
-            self.rows[i] = _Row(self.target, len(p), params, self.capacity)
+        for i, prompt, p, t in zip(rows, prompts, each, roots.tolist()):
+            self.rows[i] = _Row(self.target, len(prompt), p, self.capacity)
             first.append(self._add(i, [t]))
             self.active[i] = 0 if self.rows[i].done else 1
         return first
 
-    def _prefill(self, row: int, prompts: list[list[int]]) -> torch.Tensor:
-        """Prompts into their rows' caches -> the sampled pending tokens [n]."""
-        view = self.cache.rows(row, row + len(prompts))
-        view.reset()
-        return self.sample(prefill(self.target, view, prompts), range(row, row + len(prompts)))
+    def check_prompt(self, prompt: list[int]) -> None:
+        """Raise if the context cannot hold ``prompt`` and a token: a caller admitting several prompts checks
+        each first, so that one too long fails alone."""
+        if len(prompt) + 1 > self.capacity:
+            raise EagletError(f"the prompt has {len(prompt)} tokens but the context holds {self.capacity}; "
+                              "shorten it or raise --max-context")
+
+    def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Prompts into their rows' caches (one forward) -> the sampled pending tokens [n]."""
+        with self.landing.into(rows, max(map(len, prompts))) as view:
+            return self.sample(prefill(self.target, view, prompts), rows)
 
     def _add(self, row: int, tokens: list[int]) -> list[int]:
         r = self.rows[row]

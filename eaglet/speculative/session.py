@@ -1,7 +1,8 @@
 """A running batch decoded speculatively: the engine's iteration over rows that come and go.
 
 Admission prefills the target (capturing the draft's points) and the draft into the new
-rows only, through row views of the batch caches, and sets their seed, pending token and
+rows only, in one forward each whatever the rows (``Landing``: through row views of the batch
+caches, or a scratch cache copied into scattered rows), and sets their seed, pending token and
 ``active`` flag in the engine's per-batch ``_State``; the compiled iteration (a CUDA graph
 on CUDA) reads those same tensors, so a row joins between two replays with nothing
 recaptured. When the policy falls back to plain decoding the session stays plain until it
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eaglet.kv_cache import Landing
 from eaglet.sampling import SamplingParams
 from eaglet.session import Session
 from eaglet.speculative.drafting import draft_prefill
@@ -29,11 +31,12 @@ class SpecSession(Session):
         super().__init__(eng.target, tcache, lambda ids: eng._plain_step(tcache)(ids), params, eng.capacity,
                          state.roots, state.active)
         self.eng, self.dcache, self.state = eng, dcache, state
+        self.draft_landing = Landing(dcache, eng.draft.new_cache)
         eng.policy.start_call(batch)
         self.speculating = eng.policy.tree(batch) is not None
         self.admissions = 0
 
-    def _prefill(self, row: int, prompts: list[list[int]]) -> torch.Tensor:
+    def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         # Each admission is one of the policy's "calls" (the first is the session's own), so
         # a long-running server batch, whose evidence spans many prompts, is judged after
         # WINDOW iterations as a series of generate calls is.
@@ -41,15 +44,13 @@ class SpecSession(Session):
             self.eng.policy.start_call(self.batch)
         self.admissions += 1
         if not self.speculating:
-            return super()._prefill(row, prompts)
-        rows = slice(row, row + len(prompts))
-        tview, dview = self.cache.rows(rows.start, rows.stop), self.dcache.rows(rows.start, rows.stop)
-        tview.reset()
-        dview.reset()
-        model = self.target.model
-        logits, aux = prefill(model, tview, prompts, self.eng.capture)
-        roots = self.sample(logits)  # [n]
-        self.state.seed[rows].copy_(draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots))
+            return super()._prefill(rows, prompts)
+        model, longest = self.target.model, max(map(len, prompts))
+        with self.landing.into(rows, longest) as tview, self.draft_landing.into(rows, longest) as dview:
+            logits, aux = prefill(model, tview, prompts, self.eng.capture)
+            roots = self.sample(logits, rows)  # [n]
+            seed = draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots)
+        self.state.seed[torch.tensor(rows, device=seed.device)] = seed
         return roots
 
     def step(self) -> dict[int, list[int]]:

@@ -19,6 +19,7 @@ from tests.conftest import load_ours
 from tests.deepseek.conftest import YARN, make_hf_deepseek, save_deepseek
 from tests.speculative.conftest import CharTokenizer, echo_draft, random_draft, repeat_prone
 from tests.speculative.test_engine import prompts_of
+from tests.speculative.test_session import SCATTERED, refill_in_groups, scattered
 
 TREES = {"chain": (4, 1, 5), "tree": (4, 3, 12), "6,8,48": (6, 8, 48)}
 CONTEXT = 160
@@ -79,3 +80,14 @@ def test_latent_cache_after_rollbacks_matches_a_fresh_prefill(ds_target):
         prefill(ds_target.model, ref, [p + lo.tokens[: n - len(p)]], draft.config.capture.points)
         for got, want in zip(tcache.k, ref.k):
             torch.testing.assert_close(got[row, :, :n], want[0, :, :n], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["plain", "tree"])
+def test_prompts_admitted_together_into_scattered_rows(ds_target, engine):
+    """The latent cache's rows (no V) copied from the admission's scratch cache into rows 2 and 0 of 4."""
+    prompts, limits = prompts_of(SCATTERED["lengths"], seed=4), SCATTERED["limits"]
+    alone = [PlainGenerator(ds_target, CONTEXT).generate([p], SamplingParams(max_new_tokens=n))[0].tokens
+             for p, n in zip(prompts, limits)]
+    gen = PlainGenerator(ds_target, CONTEXT) if engine == "plain" else _spec(ds_target, echo_draft(ds_target), engine)
+    out, admissions = refill_in_groups(gen.session(4, PARAMS), prompts, limits)
+    assert out == alone and [2, 0] in admissions and scattered(admissions)

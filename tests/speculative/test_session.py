@@ -1,11 +1,13 @@
 """Sessions: rows admitted into a running batch at different times, released and refilled,
-decode exactly what each prompt decodes alone (greedy, float32), speculative or plain."""
+decode exactly what each prompt decodes alone (greedy, float32), speculative or plain; several
+prompts admitted at once into scattered free rows (one prefill) decode what they decode alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.sampling import SamplingParams
 from eaglet.speculative import SpecEngine
@@ -42,6 +44,54 @@ def test_rows_join_and_leave_a_running_batch(agreeing, engine):
     assert [out[k] for k in range(len(prompts))] == alone
 
 
+def refill_in_groups(session, prompts: list[list[int]], limits: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Decode ``prompts`` through ``session``, admitting every waiting prompt into every free row in one call
+    once two rows are free (or none runs), in descending row order -> (the tokens of each prompt, the rows
+    of each admission). Released rows are checked against the streamed tokens."""
+    out, owner, pending, admissions = {}, {}, list(range(len(prompts))), []
+    storage = [t.data_ptr() for t in (*session.cache.k, *session.cache.v)]
+    with torch.inference_mode():
+        while pending or session.running():
+            free = session.free_rows()
+            if pending and free and (len(free) >= 2 or not session.running()):
+                rows, take = free[::-1][: len(pending)], pending[: len(free)]
+                del pending[: len(rows)]
+                firsts = session.admit(rows, [prompts[k] for k in take],
+                                       [SamplingParams(max_new_tokens=limits[k]) for k in take])
+                for row, k, first in zip(rows, take, firsts):
+                    owner[row], out[k] = k, list(first)
+                admissions.append(rows)
+            else:
+                for row, toks in session.step().items():
+                    out[owner[row]] += toks
+            for row in [r for r, st in session.rows.items() if st.done]:
+                assert session.release(row).tokens == out[owner[row]]
+    assert [t.data_ptr() for t in (*session.cache.k, *session.cache.v)] == storage  # graphs read these tensors
+    return [out[k] for k in range(len(prompts))], admissions
+
+
+SCATTERED = dict(lengths=[7, 12, 3, 9, 5, 11, 4, 8, 6], limits=[30, 6, 30, 5, 12, 9, 20, 4, 15])
+
+
+def scattered(admissions: list[list[int]]) -> bool:
+    return any(sorted(rows) != list(range(min(rows), max(rows) + 1)) for rows in admissions)
+
+
+@pytest.mark.parametrize("engine", ["plain", "chain", "tree", "tree-static"])
+def test_prompts_admitted_together_into_scattered_rows(agreeing, engine):
+    """Rows 0 and 2 of 4 free at once (rows 1 and 3 still running) take two prompts in one prefill."""
+    target, draft = agreeing
+    prompts, limits = prompts_of(SCATTERED["lengths"], seed=4), SCATTERED["limits"]
+    alone = [PlainGenerator(target, CONTEXT).generate([p], SamplingParams(max_new_tokens=n))[0].tokens
+             for p, n in zip(prompts, limits)]
+    gen = PlainGenerator(target, CONTEXT) if engine == "plain" else \
+        SpecEngine(target, draft, CONTEXT, *TREES[engine.removesuffix("-static")], adaptive=False, log=lambda _: None,
+                   static_shapes=engine.endswith("-static"))
+    out, admissions = refill_in_groups(gen.session(4, PARAMS), prompts, limits)
+    assert out == alone
+    assert admissions[0] == [3, 2, 1, 0] and [2, 0] in admissions and scattered(admissions)
+
+
 def test_session_refuses_a_busy_row_and_other_sampling(agreeing):
     target, draft = agreeing
     session = SpecEngine(target, draft, CONTEXT, *TREES["chain"], adaptive=False, log=lambda _: None).session(
@@ -52,5 +102,9 @@ def test_session_refuses_a_busy_row_and_other_sampling(agreeing):
             session.admit(0, prompts_of([4]), PARAMS)
         with pytest.raises(ValueError, match="same temperature"):
             session.admit(1, prompts_of([4]), SamplingParams(temperature=0.7))
+        with pytest.raises(ValueError, match="not free"):
+            session.admit([1, 1], prompts_of([4, 3]), PARAMS)
+        with pytest.raises(EagletError, match="the prompt has 200 tokens"):
+            session.admit([1], prompts_of([200]), PARAMS)  # nothing admitted: row 1 stays free
         session.release(0)
         assert session.free_rows() == [0, 1] and not session.running()
