@@ -2,8 +2,9 @@
 
 A batch decoded to its end runs until its longest answer ends, while answers run from a few
 tokens to ``max_new_tokens``: most rows idle. Here a ``Session`` keeps ``rows`` rows busy: after
-every step the finished rows are released (their answers handed on) and the next prompts are
-prefilled into the free rows, in runs of neighbouring rows (one forward per run). One session
+every step the finished rows are released (their answers handed on); once a sixteenth of the rows
+is free (or none runs) the next prompts are prefilled into every free row in one forward, wherever
+the rows lie (``Session.admit``), so a step's few finished rows do not each cost a prefill. One session
 serves the whole run, so its step is compiled and captured once (on CUDA; on CPU the plain step).
 
 Each answer draws from its own generator (``Draws``: the run's seed and the answer's id), so a
@@ -29,6 +30,7 @@ from eaglet.sampling import SamplingParams
 from eaglet.session import Draws, Session, bucket_size
 
 CAPACITY_STEP = 256  # the KV capacity is rounded up to this
+ADMIT_WAIT = 16  # admit once batch/ADMIT_WAIT rows are free (or none runs): fewer, larger prefills
 PREFILL_TOKENS = 131072  # an admission of long prompts is split until its padded prefill fits this
 
 
@@ -76,9 +78,11 @@ def answer_locally(target: Target, jobs: list[Job], params: SamplingParams, rows
     gen = PlainGenerator(target, cap)
     session = gen.session(bucket_size(min(rows, len(jobs)), gen.use_graphs), params, own_draws=True)
     queue, owner = deque(jobs), {}
+    min_free = max(1, session.batch // ADMIT_WAIT)
     with torch.inference_mode():
         while True:
-            if queue and session.free_rows():
+            free = len(session.free_rows())
+            if queue and free and (free >= min(min_free, len(queue)) or not session.running()):
                 if admitting():
                     _admit(session, queue, owner, params)
                 else:
@@ -92,23 +96,16 @@ def answer_locally(target: Target, jobs: list[Job], params: SamplingParams, rows
 
 
 def _admit(session: Session, queue: deque, owner: dict[int, Job], params: SamplingParams) -> None:
-    """Prefill waiting jobs into the free rows, one forward per run of neighbouring rows (split while the
-    padded prefill exceeds PREFILL_TOKENS)."""
+    """Prefill waiting jobs into every free row, in one forward (split while the padded prefill exceeds
+    PREFILL_TOKENS)."""
     free = session.free_rows()
-    runs, start = [], 0
-    for k in range(1, len(free) + 1):
-        if k == len(free) or free[k] != free[k - 1] + 1:
-            runs.append((free[start], free[k - 1] + 1))
-            start = k
-    for lo, hi in runs:
-        while lo < hi and queue:
-            n = min(hi - lo, len(queue))
-            while n > 1 and n * max(len(queue[i].prompt) for i in range(n)) > PREFILL_TOKENS:
-                n //= 2
-            take = [queue.popleft() for _ in range(n)]
-            session.admit(lo, [j.prompt for j in take], params, [Draws(j.seed, j.temperature) for j in take])
-            owner.update(zip(range(lo, lo + n), take))
-            lo += n
+    while free and queue:
+        n = min(len(free), len(queue))
+        while n > 1 and n * max(len(queue[i].prompt) for i in range(n)) > PREFILL_TOKENS:
+            n //= 2
+        take, rows, free = [queue.popleft() for _ in range(n)], free[:n], free[n:]
+        session.admit(rows, [j.prompt for j in take], params, [Draws(j.seed, j.temperature) for j in take])
+        owner.update(zip(rows, take))
 
 
 def _answer(target: Target, job: Job, out) -> Answer:

@@ -8,12 +8,14 @@ import pytest
 
 from eaglet.chat import encode_chat
 from eaglet.cli import main
+from eaglet.data import refill
 from eaglet.data.prompts import read_jsonl
 from eaglet.data.regenerate import claim_output, meta_path, regen_settings, regenerate
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.sampling import SamplingParams
+from eaglet.session import Session
 from tests.train.helpers import prompts, write_jsonl
 
 PARAMS = SamplingParams(max_new_tokens=12)
@@ -125,11 +127,19 @@ def _ends_by_first_token(monkeypatch) -> None:
     monkeypatch.setattr(StopChecker, "check", check)
 
 
-def test_refilled_rows_give_the_targets_greedy_answers(tiny_target, tmp_path, monkeypatch):
+@pytest.mark.parametrize("wait", [16, 2])
+def test_refilled_rows_give_the_targets_greedy_answers(tiny_target, tmp_path, monkeypatch, wait):
+    """``wait`` 2: admissions wait for two free rows of four, which often lie apart (one prefill for both)."""
     _ends_by_first_token(monkeypatch)
+    monkeypatch.setattr(refill, "ADMIT_WAIT", wait)
+    admitted = []
+    admit = Session.admit
+    monkeypatch.setattr(Session, "admit", lambda self, rows, *a: admitted.append(rows) or admit(self, rows, *a))
     ps = prompts(14, seed=8, split="train")
     out = tmp_path / "r.jsonl"
     assert regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False).written == 14
+    assert len(admitted) < 14 and (wait == 16 or any(len(r) >= 2 and r != list(range(r[0], r[-1] + 1))
+                                                     for r in admitted))
     recs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     gen = PlainGenerator(tiny_target, 128)
     lengths = set()
@@ -145,14 +155,15 @@ def test_answers_do_not_depend_on_the_batch(tiny_target, tmp_path, monkeypatch):
     _ends_by_first_token(monkeypatch)
     ps = prompts(9, seed=9, split="train")
     runs = {}
-    for rows in (1, 4, 16):
-        out = tmp_path / f"r{rows}.jsonl"
+    for rows, wait in ((1, 16), (4, 16), (16, 16), (4, 1)):  # (4, 1): admit only once all four rows are free
+        monkeypatch.setattr(refill, "ADMIT_WAIT", wait)
+        out = tmp_path / f"r{rows}-{wait}.jsonl"
         regenerate(tiny_target, ps, out, SamplingParams(max_new_tokens=12, seed=5), batch_size=rows,
                    temperatures=(0.0, 1.0), progress=False)
-        runs[rows] = sorted(out.read_text().splitlines())
-    assert len(runs[1]) == 18 and runs[1] == runs[4] == runs[16]
-    sampled = [json.loads(line) for line in runs[1] if "~t1" in line]
-    greedy = {r["id"]: r for r in map(json.loads, runs[1]) if "~t" not in r["id"]}
+        runs[rows, wait] = sorted(out.read_text().splitlines())
+    assert len(runs[1, 16]) == 18 and runs[1, 16] == runs[4, 16] == runs[16, 16] == runs[4, 1]
+    sampled = [json.loads(line) for line in runs[1, 16] if "~t1" in line]
+    greedy = {r["id"]: r for r in map(json.loads, runs[1, 16]) if "~t" not in r["id"]}
     assert any(r["answer_ids"] != greedy[r["id"].split("~")[0]]["answer_ids"] for r in sampled)  # they do sample
 
 
