@@ -35,9 +35,9 @@ class LeadingSession:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._session, name)
 
-    def admit(self, row: int, prompts: list[list[int]], params) -> list[list[int]]:
-        self._channel.send((ADMIT, row, prompts, params))
-        return self._session.admit(row, prompts, params)
+    def admit(self, rows, prompts: list[list[int]], params) -> list[list[int]]:
+        self._channel.send((ADMIT, rows, prompts, params))
+        return self._session.admit(rows, prompts, params)
 
     def step(self) -> dict[int, list[int]]:
         self._channel.send((STEP,))

@@ -1,11 +1,11 @@
 """Continuous batching: one worker thread runs the model; requests join and leave between steps.
 
 The HTTP handlers live on the asyncio loop and never touch the model. ``submit`` puts a
-request in a bounded FIFO (full: ``QueueFull``, answered 429); the worker admits waiting
-requests into free rows of the running session, runs one step (a speculative iteration
-or a plain step) of every running row, and hands each request its new tokens through an
-asyncio queue. A finished, aborted (client gone) or failed row is released at once and
-its row refilled at the next admission.
+request in a bounded FIFO (full: ``QueueFull``, answered 429); the worker admits every waiting
+request that can join into free rows of the running session, all in one prefill, runs one
+step (a speculative iteration or a plain step) of every running row, and hands each request
+its new tokens through an asyncio queue. A finished, aborted (client gone) or failed row is
+released at once and its row refilled at the next admission.
 
 Batch size: a batch opens with rows for the requests waiting then: the smallest of the
 allowed ``sizes`` that holds them (by default the powers of two below ``max_batch``, and
@@ -20,9 +20,10 @@ batch's waits at the head of the queue until that batch drains, then starts the 
 session. A sampled request with a ``seed`` runs alone in a session seeded with it, so its
 answer is reproducible; greedy requests ignore ``seed``.
 
-Faults: an exception while admitting a request fails that request (500); one inside a
-step fails the rows of that step's batch, whose caches are then discarded, and the
-worker goes on with a fresh session.
+Faults: a prompt the context cannot hold fails alone (500), checked before the prefill; when
+the prefill of requests admitted together raises, each is admitted alone, so only a request
+at fault fails (500); an exception inside a step fails the rows of that step's batch, whose
+caches are then discarded, and the worker goes on with a fresh session.
 """
 
 from __future__ import annotations
@@ -154,36 +155,47 @@ class Scheduler:
             if req.cancelled:
                 self._end(row, None, "aborted")
 
-    def _next(self) -> Request | None:
-        """The head of the queue, if it can join the running session now (opening one if needed)."""
+    def _head(self) -> Request | None:
+        """The first waiting request not cancelled (cancelled ones are dropped on the way); hold ``wake``."""
+        while self.waiting and self.waiting[0].cancelled:
+            self.waiting.popleft()
+            self.metrics.requests.labels("aborted").inc()
+        return self.waiting[0] if self.waiting else None
+
+    def _take(self) -> list[Request]:
+        """The waiting requests that join the running session now (opening one if needed): the head of the
+        queue and those after it that share its session, up to the free rows, in order."""
         with self.wake:
-            while self.waiting and self.waiting[0].cancelled:
-                self.waiting.popleft()
-                self.metrics.requests.labels("aborted").inc()
-            if not self.waiting:
-                return None
-            req = self.waiting[0]
+            req = self._head()
+            if req is None:
+                return []
             s = self.session
             joins = s is not None and bool(s.rows) and not self.growing and not req.exclusive \
                 and same_sampling(req.params, s.params) and not (s.params.seed is not None and not s.params.greedy)
             if joins and not s.free_rows():
                 self.growing = s.batch < self.max_batch  # drain, then open a larger batch
-                return None
+                return []
             if not joins and self.rows:
-                return None  # another sampling setting, or a larger batch, waits for this one to drain
+                return []  # another sampling setting, or a larger batch, waits for this one to drain
             size = self.sizes[0] if req.exclusive else next(
                 (n for n in self.sizes if n >= len(self.waiting)), self.max_batch)
-            self.waiting.popleft()
+            room = len(s.free_rows()) if joins else size
+            group = [self.waiting.popleft()]
+            while len(group) < room and not req.exclusive and (nxt := self._head()) is not None \
+                    and not nxt.exclusive and same_sampling(nxt.params, req.params):
+                group.append(self.waiting.popleft())
             self.metrics.queue_depth.set(len(self.waiting))
         if not joins:
             self.growing = False
             try:
                 self.session = self.engine.session(size, req.params)
             except Exception as e:  # e.g. no memory for the caches: this request fails, the next may not
+                with self.wake:
+                    self.waiting.extendleft(reversed(group[1:]))
                 self._fail(req, e, "opening a batch")
-                return self._next()
+                return self._take()
             self.metrics.batch_rows.set(size)
-        return req
+        return group
 
     def _fail(self, req: Request, e: Exception, where: str) -> None:
         print(f"eaglet: a request failed while {where}: {e!r}", file=sys.stderr)
@@ -191,19 +203,43 @@ class Scheduler:
         self.metrics.requests.labels("error").inc()
 
     def _admit(self) -> None:
-        while (req := self._next()) is not None:
-            row = self.session.free_rows()[0]
-            try:
-                [first] = self.session.admit(row, [req.prompt], req.params)
-            except Exception as e:  # one request's failure: report it, keep serving
-                if row in self.session.rows:
-                    self.session.release(row)
-                self._fail(req, e, "admitting")
-                continue
+        """Admit every waiting request that can join, in one prefill a group; a prompt the context cannot
+        hold fails alone, before the prefill."""
+        while group := self._take():
+            fits = []
+            for req in group:
+                try:
+                    self.session.check_prompt(req.prompt)
+                    fits.append(req)
+                except Exception as e:  # noqa: BLE001  (reported to its request; the others go on)
+                    self._fail(req, e, "admitting")
+            if fits:
+                self._join(fits)
+        self.metrics.running.set(len(self.rows))
+
+    def _join(self, reqs: list[Request]) -> None:
+        """Prefill ``reqs`` into free rows in one call; if it fails, each alone, so that only a request at
+        fault fails (a free row's half-written cache is never read: the next prefill there resets it)."""
+        s = self.session
+        rows = s.free_rows()[: len(reqs)]
+        try:
+            firsts = s.admit(rows, [r.prompt for r in reqs], [r.params for r in reqs])
+        except Exception as e:  # noqa: BLE001  (these requests' failure: report it, keep serving)
+            for row in rows:
+                if row in s.rows:
+                    s.release(row)
+            if len(reqs) == 1:
+                self._fail(reqs[0], e, "admitting")
+                return
+            print(f"eaglet: admitting {len(reqs)} requests together failed ({e!r}); admitting each alone",
+                  file=sys.stderr)
+            for req in reqs:
+                self._join([req])
+            return
+        for row, req, first in zip(rows, reqs, firsts):
             self.rows[row] = req
             self.metrics.prompt_tokens.inc(len(req.prompt))
             self._deliver(row, first)
-        self.metrics.running.set(len(self.rows))
 
     def _step(self) -> None:
         s = self.session

@@ -38,7 +38,7 @@ class Gated:
             return step()
 
         def faulty_admit(row, prompts, p):
-            if prompts[0][0] == FAULT:
+            if any(p[0] == FAULT for p in prompts):
                 raise RuntimeError("injected admission fault")
             return admit(row, prompts, p)
 
