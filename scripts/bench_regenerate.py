@@ -7,8 +7,10 @@
 The prompts are a seeded sample of the built-in corpus's training prompts, answered greedily
 into a fresh file. ``random:NAME`` is a random-weight model of that shape with SmolLM2's
 tokenizer (its answers almost never end early: every one runs to --max-new-tokens).
-Prints one JSON line: answers, answer tokens, wall seconds, tok/s, and CPU seconds of this
-process (on a shared machine the wall time also counts other jobs; the CPU time mostly not).
+Prints one JSON line: answers, answer tokens, wall seconds, tok/s, CPU seconds of this process
+(on a shared machine the wall time also counts other jobs; the CPU time mostly not), and the
+target prefills run (forwards, and the prompts they held). ``--admit-wait N`` sets
+``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a huge N: whenever one is).
 The signature of ``regenerate`` is the one before continuous refill too, so
 ``PYTHONPATH=<older checkout>`` measures the older code with this same script.
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+import eaglet.data.refill
+import eaglet.session
 from eaglet.data.prompts import load_conversations
 from eaglet.data.regenerate import regenerate
 from eaglet.loading.target import Target, build_model, load_target, load_tokenizer, resolve_target_dir
@@ -58,7 +62,19 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--admit-wait", type=int, help="refill.ADMIT_WAIT (default: the code's own)")
     a = p.parse_args()
+    if a.admit_wait is not None:
+        eaglet.data.refill.ADMIT_WAIT = a.admit_wait
+    prefills = {"prefills": 0, "prefill_prompts": 0}
+    prefill = eaglet.session.prefill
+
+    def counted(target, cache, prompts):  # every regeneration prefill is a Session's (older code's too)
+        prefills["prefills"] += 1
+        prefills["prefill_prompts"] += len(prompts)
+        return prefill(target, cache, prompts)
+
+    eaglet.session.prefill = counted
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     if a.target.startswith("random:"):
         target = random_target(a.target.split(":", 1)[1], dtype, a.device)
@@ -76,7 +92,7 @@ def main() -> None:
                       "answers": stats.written, "too_long": stats.too_long, "tokens": stats.tokens,
                       "seconds": round(seconds, 2), "tok_s": round(stats.tokens / seconds, 1),
                       "cpu_seconds": round(cpu, 1), "tok_per_cpu_s": round(stats.tokens / cpu, 2),
-                      "threads": torch.get_num_threads()}))
+                      **prefills, "threads": torch.get_num_threads()}))
 
 
 if __name__ == "__main__":
