@@ -1,11 +1,11 @@
 """A running batch that requests join and leave between steps (continuous batching).
 
 A session owns one batch of cache rows and the pending token of each. ``admit`` prefills
-prompts into any free rows, in one forward, and returns their first tokens; ``step`` advances every running
-row by one iteration and returns the tokens that became final, per row; ``release``
-frees a row at once (finished or aborted). Rows are independent: each has its own
-``lens`` in the caches and an ``active`` flag, and an inactive row commits nothing, so a
-freed row is refilled while the others keep running. ``generate`` of PlainGenerator and
+prompts into any free rows, in one forward, and returns their first tokens; ``step``
+advances every running row by one iteration and returns the tokens that became final, per
+row; ``release`` frees a row at once (finished or aborted). Rows are independent: each has
+its own ``lens`` in the caches and an ``active`` flag, and an inactive row commits nothing,
+so a freed row is refilled while the others keep running. ``generate`` of PlainGenerator and
 SpecEngine is ``decode_all`` over a session; the server's scheduler drives one directly.
 
 Sampling: temperature, top-p and top-k belong to the session (the speculative iteration
