@@ -9,7 +9,7 @@ into a fresh file. ``random:NAME`` is a random-weight model of that shape with S
 tokenizer (its answers almost never end early: every one runs to --max-new-tokens).
 Prints one JSON line: answers, answer tokens, wall seconds, tok/s, CPU seconds of this process
 (on a shared machine the wall time also counts other jobs; the CPU time mostly not), and the
-target prefills run (forwards, and the prompts they held). ``--admit-wait N`` sets
+target prefills run (forwards, the prompts they held, their tokens, and the tokens with padding). ``--admit-wait N`` sets
 ``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a huge N: whenever one is).
 The signature of ``regenerate`` is the one before continuous refill too, so
 ``PYTHONPATH=<older checkout>`` measures the older code with this same script.
@@ -66,12 +66,14 @@ def main() -> None:
     a = p.parse_args()
     if a.admit_wait is not None:
         eaglet.data.refill.ADMIT_WAIT = a.admit_wait
-    prefills = {"prefills": 0, "prefill_prompts": 0}
+    prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0}
     prefill = eaglet.session.prefill
 
     def counted(target, cache, prompts):  # every regeneration prefill is a Session's (older code's too)
         prefills["prefills"] += 1
         prefills["prefill_prompts"] += len(prompts)
+        prefills["prefill_tokens"] += sum(map(len, prompts))
+        prefills["prefill_padded"] += len(prompts) * max(map(len, prompts))  # what the right-padded forward runs
         return prefill(target, cache, prompts)
 
     eaglet.session.prefill = counted
