@@ -9,8 +9,9 @@ into a fresh file. ``random:NAME`` is a random-weight model of that shape with S
 tokenizer (its answers almost never end early: every one runs to --max-new-tokens).
 Prints one JSON line: answers, answer tokens, wall seconds, tok/s, CPU seconds of this process
 (on a shared machine the wall time also counts other jobs; the CPU time mostly not), and the
-target prefills run (forwards, the prompts they held, their tokens, and the tokens with padding). ``--admit-wait N`` sets
-``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a huge N: whenever one is).
+target prefills run (forwards, the prompts they held, their tokens, and the tokens with
+padding). ``--admit-wait N`` sets ``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a
+huge N: whenever one is).
 The signature of ``regenerate`` is the one before continuous refill too, so
 ``PYTHONPATH=<older checkout>`` measures the older code with this same script.
 """
