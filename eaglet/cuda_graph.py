@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -22,6 +23,19 @@ def persistent_compile_cache() -> None:
     from eaglet.loading.target import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
+@contextmanager
+def idle(active: torch.Tensor, *state: torch.Tensor):
+    """Every row inactive (``active`` zeroed), so a step run inside commits nothing; ``active`` and the
+    ``state`` it rewrites are restored after. Warm-up and capture run a step for real, and so do timings."""
+    saved = [t.clone() for t in (active, *state)]
+    active.zero_()
+    try:
+        yield
+    finally:
+        for t, v in zip((active, *state), saved):
+            t.copy_(v)
 
 
 class GraphedStep:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
-from eaglet.sampling import SamplingParams
+from eaglet.parallel.state import broadcast_from_rank0
+from eaglet.sampling import SamplingParams, sample_at
 
 
 @dataclass
@@ -104,23 +106,108 @@ def decode_step(model, cache, static: bool, compile: bool = False,
         return model.logits(h[:, -1])
 
     if compile:
-        from eaglet.cuda_graph import persistent_compile_cache
-
-        persistent_compile_cache()
-        # torch.compile's default mode: per-shape max-autotune took minutes a batch size on an H200.
-        print(f"eaglet: compiling the decode step for batch {cache.batch} (first use at this batch size)",
-              file=sys.stderr)
-        step = torch.compile(step, fullgraph=True, dynamic=False)
+        step = _compiled(step, f"the decode step for batch {cache.batch}")
     if not graph:
         return step
-    from eaglet.cuda_graph import GraphedStep
-
     return GraphedStep(step, torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.lens.device))
+
+
+def _compiled(fn: Callable, what: str) -> Callable:
+    persistent_compile_cache()
+    # torch.compile's default mode: per-shape max-autotune took minutes a batch size on an H200.
+    print(f"eaglet: compiling {what} (first use at this batch size)", file=sys.stderr)
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+# Plain steps per chunk under CUDA graphs. At batch 1 on the H200 the host's work per token
+# (replay, advance, sampling, a sync, bookkeeping) took the compiled 0.985 ms step from 1,015
+# steps/s to 849 tok/s end to end; 8 steps per replay and read leave ~1/8 of that overhead,
+# while a joining request, a stop or an abort waits at most 7 steps more (~7 ms) and a row
+# that stops mid-chunk computes at most 7 steps for nothing.
+CHUNK_STEPS = 8
+
+
+class DecodeChunks:
+    """``steps`` plain steps of every row as one function of device tensors: one replay, one host read.
+
+    Each step decodes the pending tokens ``roots``, advances a row's ``lens`` while it is
+    ``active`` and has tokens ``left``, picks the next tokens (greedy; or ``sample_at``, each row
+    at its ``temps`` and at uniforms its own generator drew before the chunk: ``Session``'s
+    ``own_draws``) and writes them into ``roots`` and column j of the [B, steps] result. A row
+    that stops mid-chunk (EOS, a stop string) computes on to the chunk's end; its writes lie past
+    its committed text (nothing reads them; admission resets the row). ``left`` holds ``lens`` at
+    the row's token limit, which the context bounds, so no write passes the cache's capacity and
+    the cache, the prefill and the step's geometry are those of the one-step path. Under tensor
+    parallelism the tokens are broadcast from rank 0 inside the chunk, as the speculative
+    iteration does inside its graph. Built per sampling rule (greedy, or per top-p and top-k).
+    """
+
+    def __init__(self, model, cache, steps: int, static: bool, compile: bool, graph: bool):
+        b, dev = cache.batch, cache.lens.device
+        self.model, self.cache, self.steps, self.static, self.compile, self.graph = \
+            model, cache, steps, static, compile, graph
+        self.roots = torch.zeros(b, dtype=torch.long, device=dev)  # [B] pending tokens
+        self.active = torch.zeros(b, dtype=torch.long, device=dev)  # [B] 1 while a row runs
+        self.left = torch.zeros(b, dtype=torch.long, device=dev)  # [B] tokens a row may still emit
+        # float32, as the one-step path's tensors of the same draws, so the tokens are the same.
+        self.temps = torch.zeros(b, device=dev)  # [B] 0 = greedy
+        self.uniform = torch.zeros(steps, b, device=dev)  # [steps, B]
+        self._u = torch.zeros(b, device=dev)  # the current step's row of ``uniform``
+        self.out = torch.zeros(b, steps, dtype=torch.long, device=dev)
+        self._built: dict[tuple | None, Callable[[], torch.Tensor]] = {}
+
+    def __call__(self, left: list[int], sampled: SamplingParams | None = None, temps: list[float] | None = None,
+                 uniform: list[list[float]] | None = None) -> list[list[int]]:
+        """One chunk -> per row its ``steps`` tokens. ``left`` [B]: tokens each row may still emit;
+        ``sampled``: top-p and top-k of a sampled chunk, with ``temps`` [B] and ``uniform`` [steps][B]."""
+        dev = self.left.device
+        self.left.copy_(torch.tensor(left, device=dev))
+        if sampled is not None:
+            self.temps.copy_(torch.tensor(temps, device=dev))
+            self.uniform.copy_(torch.tensor(uniform, device=dev))
+        return self.chunk(sampled)().tolist()
+
+    def chunk(self, sampled: SamplingParams | None = None) -> Callable[[], torch.Tensor]:
+        """The chunk of one sampling rule (built, compiled and captured on first use) -> [B, steps]."""
+        key = None if sampled is None else (sampled.top_p, sampled.top_k)
+        if key not in self._built:
+            self._built[key] = self._build(sampled)
+        return self._built[key]
+
+    def idle(self):
+        """Every row inactive, so a chunk run inside commits nothing; the state is restored after."""
+        return idle(self.active, self.roots, self.left)
+
+    def _build(self, sampled: SamplingParams | None) -> Callable[[], torch.Tensor]:
+        step, cache = decode_step(self.model, self.cache, self.static), self.cache
+
+        def one() -> torch.Tensor:
+            logits = step(self.roots.view(-1, 1))
+            go = self.active * (self.left > 0)
+            cache.advance(go)
+            self.left.sub_(go)
+            return logits.argmax(-1) if sampled is None else sample_at(logits, self.temps, self._u, sampled)
+
+        if self.compile:  # one step compiled and called ``steps`` times: a chunk compiles as fast as a step
+            one = _compiled(one, f"the {self.steps}-step decode chunk for batch {cache.batch}")
+
+        def chunk() -> torch.Tensor:
+            for j in range(self.steps):
+                if sampled is not None:
+                    self._u.copy_(self.uniform[j])
+                self.roots.copy_(broadcast_from_rank0(one(), self.model.tp))
+                self.out[:, j] = self.roots
+            return self.out
+
+        if not self.graph:
+            return chunk
+        with self.idle():  # warm-up runs the chunk for real: idle, it only writes past committed slots
+            return GraphedStep(chunk)
 
 
 class PlainGenerator:
     def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None,
-                 compile: bool | None = None):
+                 compile: bool | None = None, chunk: int | None = None):
         self.target = target
         self.capacity = context_size(target, max_context)
         self.device = target.model.embed.weight.device
@@ -129,8 +216,13 @@ class PlainGenerator:
         # Fusion (torch.compile) is what takes a small model's step from launch-bound
         # toward the bandwidth floor; on CPU its start-up cost outweighs the gain.
         self.compile = on_cuda if compile is None else compile
+        # Steps per host read (``DecodeChunks``): the chunk pays where replays are cheap and the
+        # host is the gap (CUDA graphs); eagerly each step's launches dwarf the read, so one,
+        # unless asked (tests run the chunk's logic eagerly).
+        self.chunk = (CHUNK_STEPS if self.use_graphs else 1) if chunk is None else chunk
         self._graphs: dict[int, object] = {}
         self._caches: dict[int, object] = {}
+        self._chunks: dict[int, DecodeChunks] = {}
 
     def _cache(self, batch: int):
         if batch not in self._caches:
@@ -147,10 +239,22 @@ class PlainGenerator:
             self._graphs[b] = decode_step(self.target.model, cache, static=True, compile=self.compile, graph=True)
         return self._graphs[b]
 
+    def _chunks_of(self, cache) -> DecodeChunks | None:
+        if self.chunk == 1:
+            return None
+        if cache.batch not in self._chunks:
+            self._chunks[cache.batch] = DecodeChunks(self.target.model, cache, self.chunk, self.use_graphs,
+                                                     self.compile, self.use_graphs)
+        return self._chunks[cache.batch]
+
     @torch.inference_mode()
     def prepare(self, batch: int) -> None:
-        """Build (compile, capture) the step of ``batch`` rows now rather than at its first use."""
-        self._step_fn(self._cache(batch))
+        """Build (compile, capture) what a session of ``batch`` rows runs now rather than at its first use:
+        the one-step step (a session sampling from one shared generator runs it) and the greedy chunk."""
+        cache = self._cache(batch)
+        self._step_fn(cache)
+        if (chunks := self._chunks_of(cache)) is not None:
+            chunks.chunk()
 
     def session(self, batch: int, params: SamplingParams, own_draws: bool = False):
         """A running batch of ``batch`` rows (one live session per batch size: they share a cache);
@@ -158,7 +262,9 @@ class PlainGenerator:
         from eaglet.session import Session
 
         cache = self._cache(batch)
-        return Session(self.target, cache, self._step_fn(cache), params, self.capacity, own_draws=own_draws)
+        # The one-step step is built at its first use: a greedy or own-draws session runs chunks only.
+        return Session(self.target, cache, lambda ids: self._step_fn(cache)(ids), params, self.capacity,
+                       own_draws=own_draws, chunks=self._chunks_of(cache))
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.errors import EagletError
-from eaglet.generate import Completion, StopChecker, prefill
+from eaglet.generate import Completion, DecodeChunks, StopChecker, prefill
 from eaglet.kv_cache import Landing
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
@@ -77,9 +77,12 @@ class Session:
 
     def __init__(self, target: Target, cache, decode: Callable[[torch.Tensor], torch.Tensor],
                  params: SamplingParams, capacity: int, roots: torch.Tensor | None = None,
-                 active: torch.Tensor | None = None, own_draws: bool = False):
+                 active: torch.Tensor | None = None, own_draws: bool = False, chunks: DecodeChunks | None = None):
         self.target, self.cache, self.decode, self.params, self.capacity = target, cache, decode, params, capacity
         dev = cache.lens.device
+        self.chunks = chunks  # several steps per host read (greedy and own-draws sessions), else None
+        if chunks is not None:  # the tensors its chunks read
+            roots, active = chunks.roots, chunks.active
         self.roots = torch.zeros(cache.batch, dtype=torch.long, device=dev) if roots is None else roots  # [B] pending
         self.active = torch.zeros(cache.batch, dtype=torch.long, device=dev) if active is None else active  # [B]
         self.active.zero_()
@@ -176,16 +179,38 @@ class Session:
         return kept
 
     def step(self) -> dict[int, list[int]]:
-        """One plain step of every running row -> the tokens that became final, per row."""
+        """One plain step (or chunk of steps) of every running row -> the tokens that became final, per row."""
         live = self.running()
         if not live:
             return {}
+        self.last_step = "plain"
+        # A session sampling from one shared generator draws through torch.multinomial, whose
+        # stream a chunk's inverse-CDF draws cannot reproduce: it keeps one step per read.
+        if self.chunks is not None and (self.params.greedy or self.own_draws):
+            toks = self._chunk(live)
+            return {i: self._add(i, toks[i]) for i in live}
         logits = self.decode(self.roots.view(-1, 1))  # writes each pending token at its row's lens
         self.cache.advance(self.active)
         self.roots.copy_(self.sample(logits))
         toks = self.roots.tolist()
-        self.last_step = "plain"
         return {i: self._add(i, [toks[i]]) for i in live}
+
+    def _chunk(self, live: list[int]) -> list[list[int]]:
+        """One chunk of every row -> per row its tokens (those past a stop or limit are ``_add``'s to drop)."""
+        k, left = self.chunks.steps, [0] * self.batch
+        for i in live:
+            left[i] = self.rows[i].limit - len(self.rows[i].out.tokens)
+        temps = [self.draws[i][1] if i in self.draws and i in live else 0.0 for i in range(self.batch)]
+        if not any(temps):
+            return self.chunks(left)
+        # Each drawing row's generator gives the uniforms the one-step path would, in order, one a
+        # token; a row that stops mid-chunk has drawn past its end, but its generator goes with it.
+        uniform = [[0.0] * self.batch for _ in range(k)]
+        for i in live:
+            if temps[i]:
+                for j in range(min(k, left[i])):
+                    uniform[j][i] = self.draws[i][0].random()
+        return self.chunks(left, self.params, temps, uniform)
 
     def release(self, row: int) -> Completion:
         """Free a row now (finished or aborted): it stops advancing and can be admitted again."""

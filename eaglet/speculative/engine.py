@@ -33,11 +33,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 
-from eaglet.cuda_graph import GraphedStep, persistent_compile_cache
+from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, context_size, decode_step
 from eaglet.loading.target import Target
@@ -95,16 +94,9 @@ class _State:
         self.roots = torch.zeros(batch, dtype=torch.long, device=device)  # [B] pending tokens
         self.active = torch.ones(batch, dtype=torch.long, device=device)  # [B] 0 once a row is done
 
-    @contextmanager
     def idle(self):
         """Every row inactive, so an iteration run inside commits nothing; the state is restored after."""
-        saved = [t.clone() for t in (self.seed, self.roots, self.active)]
-        self.active.zero_()
-        try:
-            yield
-        finally:
-            for t, v in zip((self.seed, self.roots, self.active), saved):
-                t.copy_(v)
+        return idle(self.active, self.seed, self.roots)
 
 
 class _Iteration:

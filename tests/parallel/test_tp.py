@@ -94,6 +94,18 @@ def test_tp_equals_tp1_on_every_rank(tp, tiny_dirs, reference):
                 assert _close(run["outs"][key], x), f"{name} {key}: differs from tp=1"
 
 
+def _chunked_rank(tp: TPGroup, path: Path) -> dict:
+    return _run_model(tp, path, POINTS, PROMPTS, N_NEW, gen_options={"chunk": 5})
+
+
+def test_chunked_plain_decoding_shares_rank0s_tokens(tiny_dirs, reference):
+    """Several steps per host read (``DecodeChunks``, eager here): the broadcast inside the chunk keeps the
+    ranks on rank 0's tokens, which are tp=1's."""
+    got, ref = run_tp(2, _chunked_rank, tiny_dirs["llama-gqa"]), reference["llama-gqa"]
+    assert got["across"]["tokens"] == 0.0
+    assert torch.equal(got["outs"]["tokens"], ref["outs"]["tokens"])
+
+
 def _load_only(tp: TPGroup, path: Path) -> None:
     load_model(path, tp=tp)
 
