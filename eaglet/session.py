@@ -2,8 +2,9 @@
 
 A session owns one batch of cache rows and the pending token of each. ``admit`` prefills
 prompts into any free rows, in one forward, and returns their first tokens; ``step``
-advances every running row by one iteration and returns the tokens that became final, per
-row; ``release`` frees a row at once (finished or aborted). Rows are independent: each has
+advances every running row by one iteration (plain: a step, or a chunk of steps under CUDA
+graphs) and returns the tokens that became final, per row; ``release`` frees a row at once
+(finished or aborted). Rows are independent: each has
 its own ``lens`` in the caches and an ``active`` flag, and an inactive row commits nothing,
 so a freed row is refilled while the others keep running. ``generate`` of PlainGenerator and
 SpecEngine is ``decode_all`` over a session; the server's scheduler drives one directly.
@@ -200,7 +201,9 @@ class Session:
         k, left = self.chunks.steps, [0] * self.batch
         for i in live:
             left[i] = self.rows[i].limit - len(self.rows[i].out.tokens)
-        temps = [self.draws[i][1] if i in self.draws and i in live else 0.0 for i in range(self.batch)]
+        temps = [0.0] * self.batch
+        for i in live:
+            temps[i] = self.draws[i][1] if i in self.draws else 0.0
         if not any(temps):
             return self.chunks(left)
         # Each drawing row's generator gives the uniforms the one-step path would, in order, one a
