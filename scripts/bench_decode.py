@@ -62,8 +62,8 @@ def copy_bandwidth(device) -> float:
 
 
 def time_ours(target: Target, prompt: list[int], batch: int, new: int, repeats: int,
-              compile: bool | None) -> list[float]:
-    gen = PlainGenerator(target, max_context=1024, compile=compile)
+              compile: bool | None, chunk: int | None = None) -> list[float]:
+    gen = PlainGenerator(target, max_context=1024, compile=compile, chunk=chunk)
     params = SamplingParams(max_new_tokens=new)
     gen.generate([prompt] * batch, params)  # warm-up: graph capture / compilation
     out = []
@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="CUDA graphs without torch.compile fusion")
     ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "grouped"])
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="steps per host read (default: PlainGenerator's; 1 = one step per read)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     attention.IMPL = a.attention
@@ -116,10 +118,10 @@ def main() -> None:
     bw = copy_bandwidth(a.device) if a.device == "cuda" else None
     rows = []
     for b in a.batch:
-        tps = time_ours(target, prompt, b, a.new_tokens, a.repeats, False if a.no_compile else None)
+        tps = time_ours(target, prompt, b, a.new_tokens, a.repeats, False if a.no_compile else None, a.chunk)
         med = statistics.median(tps)
         row = {"model": target.name, "device": a.device, "dtype": str(dtype), "batch": b,
-               "compiled": a.device == "cuda" and not a.no_compile, "attention": a.attention,
+               "compiled": a.device == "cuda" and not a.no_compile, "attention": a.attention, "chunk": a.chunk,
                "ours_tok_s": round(med, 1), "ms_per_step": round(1000 * b / med, 3)}
         if bw:
             row["floor_ms"] = round(1000 * weight_bytes / bw, 3)
