@@ -7,6 +7,8 @@ where it runs differs from ``eaglet serve`` (test_sigterm.py starts that as a pr
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,6 +33,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(cond, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def start_server(dirs, *flags: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """`eaglet serve` as a process (the tiny target and its draft, a free port, ``flags``) -> (process, URL),
+    once /health answers; the caller stops the process."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eaglet.cli", "serve", "--target", str(dirs[0]), "--draft", str(dirs[1]),
+         "--port", str(port), "--max-context", str(CONTEXT), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            return httpx.get(f"{url}/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(up, timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc, url
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import pytest
 
 import eaglet.session
 import eaglet.speculative.session
-from tests.serve.conftest import Served, new_engine
+from tests.serve.conftest import Served, new_engine, wait_for
 from tests.serve.test_api import offline
-from tests.serve.test_faults import FAULT, Gated, background, wait_for
+from tests.serve.test_faults import FAULT, Gated, background
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 2, 30, 11, 4, 8], [21, 6], [40, 41, 42, 43, 44]]
 

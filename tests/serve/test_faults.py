@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.serve.conftest import Served, new_engine
+from tests.serve.conftest import Served, new_engine, wait_for
 
 FAULT = 13  # a prompt starting with this token id fails while it is admitted
 
@@ -52,13 +52,6 @@ def gated(served_dirs, one_thread):
     yield s
     s.engine.gate.set()
     s.stop()
-
-
-def wait_for(cond, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def background(fn):
@@ -155,16 +148,21 @@ def test_close_rejects_waiting_and_aborts_running_rows(gated):
     assert gated.metric('eaglet_requests_total{outcome="shutdown"}') == 3
 
 
+def one_running_two_waiting(s) -> None:
+    """A lone request opens a batch of 1 while two more queue behind it; then all three run to their end."""
+    (first, _), (second, _) = one_running_one_waiting(s)
+    assert s.metric("eaglet_batch_rows") == 1
+    third = background(lambda: ask(s))[0]
+    wait_for(lambda: s.metric("eaglet_queue_depth") == 2)
+    s.engine.gate.set()
+    for t in (first, second, third):
+        t.join(20)
+
+
 def test_batch_size_follows_the_queue(served_dirs, one_thread):
     s = Served(Gated(new_engine(served_dirs)), max_batch=4, max_queue=8)
     try:
-        (first, _), (second, _) = one_running_one_waiting(s)  # a lone request opened a batch of 1
-        assert s.metric("eaglet_batch_rows") == 1
-        third = background(lambda: ask(s))[0]
-        wait_for(lambda: s.metric("eaglet_queue_depth") == 2)
-        s.engine.gate.set()
-        for t in (first, second, third):
-            t.join(20)
+        one_running_two_waiting(s)
         assert s.metric("eaglet_batch_rows") == 2  # the full batch drained; the two waiting opened one of 2
         assert ask(s).usage.completion_tokens == 8 and s.metric("eaglet_batch_rows") == 1
     finally:
@@ -175,13 +173,7 @@ def test_batch_size_follows_the_queue(served_dirs, one_thread):
 def test_batch_opens_with_the_smallest_allowed_size(served_dirs, one_thread):
     s = Served(Gated(new_engine(served_dirs)), max_queue=8, sizes=(1, 4))
     try:
-        (first, _), (second, _) = one_running_one_waiting(s)
-        assert s.metric("eaglet_batch_rows") == 1
-        third = background(lambda: ask(s))[0]
-        wait_for(lambda: s.metric("eaglet_queue_depth") == 2)
-        s.engine.gate.set()
-        for t in (first, second, third):
-            t.join(20)
+        one_running_two_waiting(s)
         assert s.metric("eaglet_batch_rows") == 4  # two waiting: 2 is not allowed, so the next size up
     finally:
         s.engine.gate.set()

@@ -4,32 +4,17 @@ period, refuses new work, and exits 0."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 
 import httpx
 import openai
 
-from tests.serve.conftest import CONTEXT, free_port
-from tests.serve.test_faults import background, wait_for
+from tests.serve.conftest import start_server, wait_for
+from tests.serve.test_faults import background
 
 
 def test_sigterm_finishes_running_requests_and_exits_0(served_dirs):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eaglet.cli", "serve", "--target", str(served_dirs[0]), "--draft", str(served_dirs[1]),
-         "--port", str(port), "--max-context", str(CONTEXT), "--max-batch", "2", "--grace", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(served_dirs, "--max-batch", "2", "--grace", "60")
     try:
-        def up() -> bool:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                return httpx.get(f"{url}/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(up, 120)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         model = client.models.list().data[0].id
 

@@ -4,15 +4,13 @@ launching process) stops every rank with status 0."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 
 import httpx
 import openai
 import pytest
 
-from tests.serve.conftest import CONTEXT, Served, free_port, new_engine
-from tests.serve.test_faults import background, wait_for
+from tests.serve.conftest import Served, new_engine, start_server
+from tests.serve.test_faults import background
 
 PROMPTS = ["the cat sat on the mat", "a dog ran", "hello there, how", "one two three four"]
 
@@ -37,22 +35,8 @@ def test_tp2_server_answers_as_tp1_and_stops_on_a_signal(served_dirs, one_thread
     finally:
         reference.stop()
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eaglet.cli", "serve", "--tp", "2", "--target", str(served_dirs[0]),
-         "--draft", str(served_dirs[1]), "--port", str(port), "--max-context", str(CONTEXT), "--max-batch", "4",
-         "--grace", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(served_dirs, "--tp", "2", "--max-batch", "4", "--grace", "30", timeout=180)
     try:
-        def up() -> bool:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                return httpx.get(f"{url}/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(up, 180)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         model = client.models.list().data[0].id
         assert _answers(client, model) == want
