@@ -198,11 +198,9 @@ class Session:
 
     def _chunk(self, live: list[int]) -> list[list[int]]:
         """One chunk of every row -> per row its tokens (those past a stop or limit are ``_add``'s to drop)."""
-        k, left = self.chunks.steps, [0] * self.batch
+        k, left, temps = self.chunks.steps, [0] * self.batch, [0.0] * self.batch
         for i in live:
             left[i] = self.rows[i].limit - len(self.rows[i].out.tokens)
-        temps = [0.0] * self.batch
-        for i in live:
             temps[i] = self.draws[i][1] if i in self.draws else 0.0
         if not any(temps):
             return self.chunks(left)
