@@ -147,3 +147,23 @@ def test_the_static_chunk_idle_commits_nothing_and_decodes_like_the_step(model):
             news[i] += toks
     want = outputs(t, PROMPTS, params, chunk=1, max_context=64)
     assert news == [tokens for tokens, _ in want]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("own", [False, True])
+def test_graphed_chunks_on_cuda_give_the_one_step_tokens(model, own):
+    """The captured 8-step graph (what runs on a GPU by default) against one graphed step per read."""
+    import copy
+
+    ours, cfg, tmp = model
+    t = Target(copy.deepcopy(ours).to("cuda"), Tokens(), cfg, "tiny", tmp)
+    params = SamplingParams(max_new_tokens=40, top_k=50) if own else SamplingParams(max_new_tokens=40)
+    graphed = PlainGenerator(t, 96, compile=False)
+    assert graphed.use_graphs and graphed.chunk == 8
+    want = run_schedule(PlainGenerator(t, 96, compile=False, chunk=1), params, own)
+    got = run_schedule(graphed, params, own)
+    assert {k: got[k] for k in "bcd"} == {k: want[k] for k in "bcd"}
+    assert got["a"][: len(want["a"])] == want["a"]
+    plain = SamplingParams(max_new_tokens=21)
+    one = PlainGenerator(t, 96, compile=False, chunk=1)
+    assert [c.tokens for c in graphed.generate(PROMPTS, plain)] == [c.tokens for c in one.generate(PROMPTS, plain)]
