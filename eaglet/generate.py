@@ -142,12 +142,14 @@ class DecodeChunks:
     iteration does inside its graph. Built per sampling rule (greedy, or per top-p and top-k).
     """
 
-    def __init__(self, model, cache, steps: int, static: bool, compile: bool, graph: bool):
+    def __init__(self, model, cache, steps: int, static: bool, compile: bool, graph: bool,
+                 roots: torch.Tensor | None = None, active: torch.Tensor | None = None):
         b, dev = cache.batch, cache.lens.device
         self.model, self.cache, self.steps, self.static, self.compile, self.graph = \
             model, cache, steps, static, compile, graph
-        self.roots = torch.zeros(b, dtype=torch.long, device=dev)  # [B] pending tokens
-        self.active = torch.zeros(b, dtype=torch.long, device=dev)  # [B] 1 while a row runs
+        # ``roots`` and ``active`` may be another owner's (the speculative engine's fallback shares its state's).
+        self.roots = torch.zeros(b, dtype=torch.long, device=dev) if roots is None else roots  # [B] pending tokens
+        self.active = torch.zeros(b, dtype=torch.long, device=dev) if active is None else active  # [B] 1 while running
         self.left = torch.zeros(b, dtype=torch.long, device=dev)  # [B] tokens a row may still emit
         # float32, as the one-step path's tensors of the same draws, so the tokens are the same.
         self.temps = torch.zeros(b, device=dev)  # [B] 0 = greedy

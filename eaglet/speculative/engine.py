@@ -38,7 +38,7 @@ import torch
 
 from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
 from eaglet.errors import EagletError
-from eaglet.generate import Completion, context_size, decode_step
+from eaglet.generate import CHUNK_STEPS, Completion, DecodeChunks, context_size, decode_step
 from eaglet.loading.target import Target
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams
@@ -169,7 +169,7 @@ class SpecEngine:
     def __init__(self, target: Target, draft, max_context: int | None = None, num_steps: int | None = None,
                  topk: int | None = None, num_draft_tokens: int | None = None, use_graphs: bool | None = None,
                  adaptive: bool = True, log: Callable[[str], None] = _stderr, static_shapes: bool | None = None,
-                 compile: bool | None = None):
+                 compile: bool | None = None, chunk: int | None = None):
         given = {"--num-steps": num_steps, "--tree-topk": topk, "--num-draft-tokens": num_draft_tokens}
         if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
             missing = ", ".join(k for k, v in given.items() if v is None)
@@ -197,10 +197,13 @@ class SpecEngine:
         # Fusion is what makes a small model's step fast on CUDA (default mode: no per-shape
         # autotuning, so a new (batch, tree) compiles in seconds, not minutes).
         self.compile = (on_cuda and self.use_graphs) if compile is None else bool(compile)
+        # Plain steps per host read after a fallback, as PlainGenerator decodes (1: one step a read).
+        self.chunk = (CHUNK_STEPS if self.use_graphs else 1) if chunk is None else chunk
         self.policy = BatchPolicy(self.device.type, fixed, adaptive, log, agree=self._rank0_says)
         self._caches: dict[int, tuple] = {}
         self._iterations: dict[tuple, _Iteration] = {}
         self._plain: dict[int, Callable] = {}
+        self._chunks: dict[int, DecodeChunks] = {}
         self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
 
     def _rank0_says(self, flag: bool) -> bool:
@@ -238,6 +241,17 @@ class SpecEngine:
                                          compile=self.compile, graph=self.use_graphs)
         return self._plain[b]
 
+    def fallback_chunks(self, batch: int) -> DecodeChunks | None:
+        """PlainGenerator's chunked decoding over this batch size's target cache and state (``roots`` and
+        ``active`` shared with the iterations), for greedy sessions that fell back; None at ``chunk`` 1."""
+        if self.chunk == 1:
+            return None
+        if batch not in self._chunks:
+            tcache, _, state = self._caches[batch]
+            self._chunks[batch] = DecodeChunks(self.target.model, tcache, self.chunk, self.static_shapes,
+                                               self.compile, self.use_graphs, state.roots, state.active)
+        return self._chunks[batch]
+
     def _measure(self, fn: Callable[[], object], state: _State) -> float:
         """Median seconds of ``fn`` run with every row idle (nothing committed)."""
         times = []
@@ -257,9 +271,16 @@ class SpecEngine:
         gen = torch.Generator(device=self.device)
         tcache, _, state = self._caches[batch]
         if batch not in self.policy.plain_step_s:
-            step = self._plain_step(tcache)
-            self.policy.plain_step_s[batch] = self._measure(lambda: step(state.roots.view(-1, 1)).argmax(-1).tolist(),
-                                                            state)
+            # The yardstick is plain decoding as it would run here: a chunk's steps per host read when the
+            # fallback decodes in chunks (a greedy session's), else one step and its read.
+            chunks = self.fallback_chunks(batch) if params.greedy else None
+            if chunks is not None:
+                run = chunks.chunk()
+                per_step = self._measure(lambda: run().tolist(), state) / chunks.steps
+            else:
+                step = self._plain_step(tcache)
+                per_step = self._measure(lambda: step(state.roots.view(-1, 1)).argmax(-1).tolist(), state)
+            self.policy.plain_step_s[batch] = per_step
         if self.policy.iteration_s.get((batch, cfg)) is None:
             it = self._iteration(batch, cfg, params)
             self.policy.iteration_s[(batch, cfg)] = self._measure(lambda: it(gen), state)

@@ -6,13 +6,18 @@ GPU) and about N times as much once it is compute-bound (CPU, large batches); bi
 pay off only in the first regime.
 
 The rule judges on evidence, never on one prompt's first iterations:
-- costs are measured once per engine, batch size and tree: a plain step and one whole
+- costs are measured once per engine, batch size and tree: a plain step as plain decoding
+  runs it (under CUDA graphs a chunk of steps per host read, per step) and one whole
   iteration, each timed with every row inactive (nothing is committed);
 - acceptance is tracked per batch size over the iterations since the tree was chosen,
   across calls; a decision needs ``WINDOW`` iterations spanning at least two calls, or
   ``LONG_WINDOW`` iterations of one, and is taken again every ``WINDOW`` iterations;
-- the expected speed of a tree over plain decoding is its accept length times the plain
-  step's cost over the iteration's cost. Below 1 the policy steps down the table, skipping
+- the speed of a tree over plain decoding is the time plain steps would take for the tokens
+  each row emitted over the time the iterations took, as they ran: wall time of the
+  iteration and its host bookkeeping (at batch 64 on an H200 the replay alone looked
+  cheaper than it ran: 0.89x end to end). Before any window, the measured iteration stands
+  in for it (the accept length seen on a larger tree times the plain step over the
+  iteration). Below 1 the policy steps down the table, skipping
   trees that could not win even at the acceptance just seen (a smaller tree accepts no
   more), and below the smallest to plain decoding;
 - after ``RETRY_PLAIN_STEPS`` plain steps, speculation is tried again from the top.
@@ -27,7 +32,8 @@ rank switches at the same iteration.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from eaglet.speculative.tree import TreeConfig
@@ -68,7 +74,7 @@ class _Track:
     """Per batch size: where on the ladder, and the evidence since the tree was chosen."""
 
     rung: int = 0
-    window: deque = field(default_factory=lambda: deque(maxlen=LONG_WINDOW))  # (tokens, active rows)
+    window: deque = field(default_factory=lambda: deque(maxlen=LONG_WINDOW))  # (tokens, active rows, seconds)
     iters: int = 0  # iterations on this rung (the window keeps the last LONG_WINDOW)
     calls: int = 0  # generate calls seen on this rung
     plain_steps: int = 0  # since falling back
@@ -91,6 +97,15 @@ class BatchPolicy:
             how = "as given" if self.fixed else f"automatic for {self.device_type} batch {batch}"
             self.log(f"tree {self._ladders[batch][0].describe()} ({how})")
         return self._ladders[batch]
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Book no evidence and change no tree inside (a warm-up's first iterations are no sample of serving)."""
+        adaptive, self.adaptive = self.adaptive, False
+        try:
+            yield
+        finally:
+            self.adaptive = adaptive
 
     def _t(self, batch: int) -> _Track:
         return self._track.setdefault(batch, _Track())
@@ -115,23 +130,28 @@ class BatchPolicy:
             self._track[batch] = _Track(calls=1)
             self.log(f"batch {batch}: trying speculation again after {t.plain_steps} plain steps")
 
-    def observe(self, batch: int, tokens: int, active: int) -> None:
-        """Book one speculative iteration: tokens emitted by the ``active`` rows."""
+    def observe(self, batch: int, tokens: int, active: int, seconds: float | None = None) -> None:
+        """Book one speculative iteration: tokens emitted by the ``active`` rows in ``seconds`` of wall time
+        (None: the measured iteration's cost)."""
         if not self.adaptive or active == 0:
             return
         t = self._t(batch)
-        t.window.append((tokens, active))
+        cfg = self.ladder(batch)[t.rung]
+        t.window.append((tokens, active, self.iteration_s[(batch, cfg)] if seconds is None else seconds))
         t.iters += 1
         n = len(t.window)
         if n < WINDOW or t.iters % WINDOW or (t.calls < 2 and n < LONG_WINDOW):
             return
-        cfg = self.ladder(batch)[t.rung]
-        accept = sum(k for k, _ in t.window) / sum(a for _, a in t.window)
-        steps = self.iteration_s[(batch, cfg)] / self.plain_step_s[batch]
-        if self.agree(accept / steps < 1):
+        accept = sum(k for k, _, _ in t.window) / sum(a for _, a, _ in t.window)
+        spent = sum(s for _, _, s in t.window)
+        # Plain decoding emits one token per active row and step: an iteration's k tokens over its a rows
+        # would have taken k / a plain steps.
+        speed = self.plain_step_s[batch] * sum(k / a for k, a, _ in t.window) / spent
+        if self.agree(speed < 1):
             t.accept_bound = accept
-            self._step_down(batch, f"ran at {accept / steps:.2f}x plain decoding (accept length {accept:.2f} over "
-                                   f"the last {n} iterations, one iteration costs {steps:.2f} plain steps)")
+            self._step_down(batch, f"ran at {speed:.2f}x plain decoding (accept length {accept:.2f} over the last "
+                                   f"{n} iterations, one iteration took {spent / n / self.plain_step_s[batch]:.2f} "
+                                   "plain steps)")
 
     def observe_plain(self, batch: int) -> None:
         self._t(batch).plain_steps += 1

@@ -11,6 +11,7 @@ ends: from then on the draft cache is no longer extended, so it cannot seed a tr
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,8 +29,13 @@ if TYPE_CHECKING:
 class SpecSession(Session):
     def __init__(self, eng: SpecEngine, batch: int, params: SamplingParams):
         tcache, dcache, state = eng._cache(batch)
+        # A greedy session that falls back decodes in PlainGenerator's chunks, built (compiled) here so
+        # that a fallback never compiles inside a request.
+        chunks = eng.fallback_chunks(batch) if params.greedy else None
+        if chunks is not None:
+            chunks.chunk()
         super().__init__(eng.target, tcache, lambda ids: eng._plain_step(tcache)(ids), params, eng.capacity,
-                         state.roots, state.active)
+                         state.roots, state.active, chunks=chunks)
         self.eng, self.dcache, self.state = eng, dcache, state
         self.draft_landing = Landing(dcache, eng.draft.new_cache)
         eng.policy.start_call(batch)
@@ -66,6 +72,7 @@ class SpecSession(Session):
             return super().step()
         if policy.adaptive:
             self.eng._costs(b, cfg, self.params)
+        t0 = time.perf_counter()
         result = self.eng._iteration(b, cfg, self.params)(self.gen)  # per row [emitted (W)..., count]
         news, tokens = {}, 0
         for i in live:
@@ -73,7 +80,7 @@ class SpecSession(Session):
             self.rows[i].out.accept_lengths.append(n)
             news[i] = self._add(i, result[i][:n])
             tokens += n
-        policy.observe(b, tokens, len(live))
+        policy.observe(b, tokens, len(live), time.perf_counter() - t0)  # the iteration and its bookkeeping
         self.verifies, self.accepted = self.verifies + len(live), self.accepted + tokens
         self.last_step = cfg.describe()
         return news
