@@ -14,6 +14,7 @@ from eaglet.data.features import capture_features
 from eaglet.draft.compat import load_draft_for
 from eaglet.errors import EagletError
 from eaglet.options import RegenConfig, TrainConfig
+from eaglet.train.dist import DistInfo
 from eaglet.train.pipeline import run_train
 from eaglet.train.trainer import Trainer
 from tests.train.helpers import prompts, write_jsonl
@@ -154,3 +155,12 @@ def test_scores_per_source_add_up_to_the_validation(tiny_target, regenerated, tm
     assert rows["all"]["positions"] == res["val"]["positions"] == rows["a"]["positions"] + rows["b"]["positions"]
     for j in range(cfg.ttt_steps):
         assert rows["all"][f"acc_{j}"] == pytest.approx(res["val"][f"acc_{j}"], abs=1e-5)
+
+
+def test_training_device_must_be_the_targets(tiny_target, regenerated, tmp_path):
+    """A caller that leaves DistInfo at its default (the CPU) with a target elsewhere is refused before any
+    regeneration or training (scripts/ablate.py did, and would have trained an H200 run's draft on the CPU)."""
+    with pytest.raises(EagletError, match="training would run on meta"):
+        run_train(tiny_target, _fresh(regenerated, tmp_path), tmp_path / "out", TrainConfig(max_steps=1, **FAST),
+                  DistInfo(device=torch.device("meta")))
+    assert not (tmp_path / "out" / "checkpoint").exists()
