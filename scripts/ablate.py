@@ -28,15 +28,21 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from eaglet.data.prompts import Conversation, load_conversations  # noqa: E402
 from eaglet.draft.compat import load_draft_for  # noqa: E402
+from eaglet.errors import Interrupted  # noqa: E402
 from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
+from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train  # noqa: E402
 
@@ -87,13 +93,34 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     kinds, options = VARIANTS[name]
     n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
     cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
-    res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg, time_budget_s=60 * args.train_min)
+    trained = run / "train.json"
+    if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
+        res = json.loads(trained.read_text())
+    else:
+        # The training device is the target's (DistInfo's default is the CPU). A resumed variant
+        # (Ctrl-C) gets what its budget has left, so every variant trains for --train-min in all.
+        with spent(run / "clock.json") as used:
+            left = max(1.0, 60 * args.train_min - used)
+            res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg,
+                            DistInfo(device=torch.device(args.device)), time_budget_s=left)
+        trained.write_text(json.dumps(res))
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
     sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
                                earlier_turns=cfg.earlier_turns)
     return {"kinds": list(kinds), "options": options, "train_records": n_train, "steps": res["steps"],
             "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
             "train_seconds": res["seconds_this_run"]}
+
+
+@contextmanager
+def spent(path: Path) -> Iterator[float]:
+    """Yields the seconds earlier (interrupted) commands spent on a stage; adds this command's, however it ends."""
+    before = json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
+    t0 = time.time()
+    try:
+        yield before
+    finally:
+        path.write_text(json.dumps({"seconds": before + time.time() - t0}))
 
 
 def serve(args, draft: Path, out: Path) -> dict:
@@ -137,6 +164,7 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' regenerates only")
     p.add_argument("--answers", default="0,0.7,1.0")
     p.add_argument("--max-samples", type=int, default=8000, help="training prompts of --data (a seeded sample)")
+    p.add_argument("--max-val-samples", type=int, help="validation prompts (a seeded sample; default: all 1,561)")
     p.add_argument("--self-prompts", type=int, default=3000)
     p.add_argument("--follow-ups", type=float, default=0.25)
     p.add_argument("--max-new-tokens", type=int, default=512)
@@ -149,10 +177,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
-    import torch
-
     from eaglet.loading import load_target
-    from eaglet.train.dist import SINGLE_PROCESS
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,12 +185,14 @@ def main() -> None:
                          device=args.device)
     rc = RegenConfig(batch_size=args.regen_batch_size, max_new_tokens=args.max_new_tokens,
                      answers=tuple(float(a) for a in args.answers.split(",")), max_samples=args.max_samples,
+                     max_val_samples=args.max_val_samples,
                      self_prompts=args.self_prompts, follow_ups=args.follow_ups)
     t0 = time.time()
     regen_dir = out / "data"
     regen_dir.mkdir(exist_ok=True)
-    deadline = t0 + 60 * args.regen_min
-    data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
+    with spent(regen_dir / "clock.json") as used:  # an interrupted regeneration resumes with what --regen-min has left
+        deadline = t0 + 60 * args.regen_min - used
+        data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
     convs = [c for c in load_conversations(data) if c.has_answer]
     regen_s = time.time() - t0
     print(f"regeneration: {len(convs)} records in {regen_s:.0f} s (resumed runs count only this run)", flush=True)
@@ -186,4 +213,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Interrupted as e:  # Ctrl-C: what was done is saved; the same command resumes
+        sys.exit(f"eaglet: {e}")
