@@ -164,3 +164,16 @@ def test_training_device_must_be_the_targets(tiny_target, regenerated, tmp_path)
         run_train(tiny_target, _fresh(regenerated, tmp_path), tmp_path / "out", TrainConfig(max_steps=1, **FAST),
                   DistInfo(device=torch.device("meta")))
     assert not (tmp_path / "out" / "checkpoint").exists()
+
+
+def test_no_plot_without_matplotlib(tmp_path, monkeypatch):
+    """A bare GPU machine has no matplotlib: checkpoints call plot_accuracy, which then draws nothing."""
+    import sys
+
+    from eaglet.train.report import plot_accuracy
+
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(json.dumps({"split": "train", "step": 1, "acc_0": 0.5}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    plot_accuracy(log, tmp_path / "acc.png")
+    assert not (tmp_path / "acc.png").exists()
