@@ -38,13 +38,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eaglet.data.prompts import Conversation, load_conversations  # noqa: E402
+from eaglet.data.prompts import Conversation, load_conversations, split_train_val  # noqa: E402
 from eaglet.draft.compat import load_draft_for  # noqa: E402
 from eaglet.errors import Interrupted  # noqa: E402
 from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
-from eaglet.train.pipeline import eos_ids, regenerate_run, run_train  # noqa: E402
+from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
 # corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "turns" (+ second turns).
@@ -97,12 +97,18 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
         res = json.loads(trained.read_text())
     else:
-        # The training device is the target's (DistInfo's default is the CPU). A resumed variant
-        # (Ctrl-C) gets what its budget has left, so every variant trains for --train-min in all.
+        # The training device is the target's (DistInfo's default is the CPU).
+        dist, data = DistInfo(device=torch.device(args.device)), str(out / f"data-{name}.jsonl")
+        # Tokenized outside the budget (run_train finds the cache): ~40k records take tens of seconds,
+        # which would leave the larger variants less training time than the smaller ones.
+        max_len = cfg.seq_len(target.config.max_position_embeddings)
+        for part, file in zip(split_train_val([c for c in load_conversations(data) if c.has_answer], 0.02),
+                              ("tokens-train", "tokens-val")):
+            if part:
+                tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
+        # A resumed variant (Ctrl-C) gets what its budget has left: every variant trains --train-min in all.
         with spent(run / "clock.json") as used:
-            left = max(1.0, 60 * args.train_min - used)
-            res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg,
-                            DistInfo(device=torch.device(args.device)), time_budget_s=left)
+            res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * args.train_min - used))
         trained.write_text(json.dumps(res))
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
     sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
@@ -159,8 +165,8 @@ def main() -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--device", default="cuda")
     p.add_argument("--data", default="builtin")
-    p.add_argument("--regen-min", type=float, default=7.0, help="regeneration budget in minutes")
-    p.add_argument("--train-min", type=float, default=2.0, help="training budget per variant in minutes")
+    p.add_argument("--regen-min", type=float, default=6.0, help="regeneration budget in minutes")
+    p.add_argument("--train-min", type=float, default=1.5, help="training minutes per variant (tokenizing not counted)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' regenerates only")
     p.add_argument("--answers", default="0,0.7,1.0")
     p.add_argument("--max-samples", type=int, default=8000, help="training prompts of --data (a seeded sample)")
