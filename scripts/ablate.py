@@ -1,23 +1,26 @@
 """Issue 12's ablations: regenerate once with every data source, then train each variant on its share
 of the data within the same time budget, and print one table for docs/training.md.
 
-    python scripts/ablate.py --out runs/ablate --variants ""                   (regeneration only)
-    python scripts/ablate.py --out runs/ablate --variants base,sampled,self,all
-    python scripts/ablate.py --out runs/ablate --variants all-norm,all-norm-noise,all-target-turns
-    python scripts/ablate.py --out runs/ablate --variants all,all-norm --serve 20
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate --variants ""      (regeneration only)
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate --variants base,sampled,self,all
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate \
+        --variants all-norm,all-norm-noise,all-target-turns
 
-Plan for one H200, 30 device minutes and commands of at most 10 minutes: regeneration 7 minutes
-for a sample of 8,000 training prompts (greedy plus sampled answers at 0.7 and 1.0, 3,000
-Magpie prompts, second turns for a quarter, answers up to 512 tokens: about 40k answers, some
-5 minutes at the ~26k tokens/s measured in issue 3), then 7 variants x 2 minutes of training,
-each validated on the same records (unseen evals,
-human-eval, held-back chats, held-out Magpie prompts, second turns of those), scored per source.
-``--serve N`` also measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48,
-policy off) on N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes
-from (about a minute per variant).
+Plan for one H200 (docs/training.md, "Next session on the H200"): regeneration capped at 6
+minutes for a sample of 8,000 training prompts and all 1,561 validation prompts (greedy plus
+sampled answers at 0.7 and 1.0, 3,000 Magpie prompts, second turns for a quarter, answers up to
+512 tokens: about 40k answers), then 7 variants x 1.5 minutes of training (tokenizing not
+counted), each validated on the same records (unseen evals, human-eval, held-back chats,
+held-out Magpie prompts, second turns of those), scored per source. ``--serve N`` also
+measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48, policy off) on
+N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes from (about
+a minute per variant). A dry run on the CPU: a small random target directory (SmolLM2's
+tokenizer), ``--device cpu --max-samples 24 --max-val-samples 40 --self-prompts 16
+--max-new-tokens 24 --regen-batch-size 16 --train-min 0.3``.
 
-Everything resumes: regeneration from its files, each variant from its checkpoint; a finished
-variant (``OUT/<name>/result.json``) is not run again. Variants train on the regenerated file
+Everything resumes: regeneration from its files, each variant from its checkpoint, each with
+what its budget has left (``clock.json``); a variant trained to its budget (``train.json``) is
+only scored again, a finished one (``OUT/<name>/result.json``) is not run again. Variants train on the regenerated file
 filtered by answer setting and source; validation records are never filtered.
 """
 
