@@ -1,23 +1,26 @@
 """Issue 12's ablations: regenerate once with every data source, then train each variant on its share
 of the data within the same time budget, and print one table for docs/training.md.
 
-    python scripts/ablate.py --out runs/ablate --variants ""                   (regeneration only)
-    python scripts/ablate.py --out runs/ablate --variants base,sampled,self,all
-    python scripts/ablate.py --out runs/ablate --variants all-norm,all-norm-noise,all-target-turns
-    python scripts/ablate.py --out runs/ablate --variants all,all-norm --serve 20
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate --variants ""      (regeneration only)
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate --variants base,sampled,self,all
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate \
+        --variants all-norm,all-norm-noise,all-target-turns
 
-Plan for one H200, 30 device minutes and commands of at most 10 minutes: regeneration 7 minutes
-for a sample of 8,000 training prompts (greedy plus sampled answers at 0.7 and 1.0, 3,000
-Magpie prompts, second turns for a quarter, answers up to 512 tokens: about 40k answers, some
-5 minutes at the ~26k tokens/s measured in issue 3), then 7 variants x 2 minutes of training,
-each validated on the same records (unseen evals,
-human-eval, held-back chats, held-out Magpie prompts, second turns of those), scored per source.
-``--serve N`` also measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48,
-policy off) on N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes
-from (about a minute per variant).
+Plan for one H200 (docs/training.md, "Next session on the H200"): regeneration capped at 6
+minutes for a sample of 8,000 training prompts and all 1,561 validation prompts (greedy plus
+sampled answers at 0.7 and 1.0, 3,000 Magpie prompts, second turns for a quarter, answers up to
+512 tokens: about 40k answers), then 7 variants x 1.5 minutes of training (tokenizing not
+counted), each validated on the same records (unseen evals, human-eval, held-back chats,
+held-out Magpie prompts, second turns of those), scored per source. ``--serve N`` also
+measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48, policy off) on
+N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes from (about
+a minute per variant). A dry run on the CPU: a small random target directory (SmolLM2's
+tokenizer), ``--device cpu --max-samples 24 --max-val-samples 40 --self-prompts 16
+--max-new-tokens 24 --regen-batch-size 16 --train-min 0.3``.
 
-Everything resumes: regeneration from its files, each variant from its checkpoint; a finished
-variant (``OUT/<name>/result.json``) is not run again. Variants train on the regenerated file
+Everything resumes: regeneration from its files, each variant from its checkpoint, each with
+what its budget has left (``clock.json``); a variant trained to its budget (``train.json``) is
+only scored again, a finished one (``OUT/<name>/result.json``) is not run again. Variants train on the regenerated file
 filtered by answer setting and source; validation records are never filtered.
 """
 
@@ -28,17 +31,23 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eaglet.data.prompts import Conversation, load_conversations  # noqa: E402
+from eaglet.data.prompts import Conversation, load_conversations, split_train_val  # noqa: E402
 from eaglet.draft.compat import load_draft_for  # noqa: E402
+from eaglet.errors import Interrupted  # noqa: E402
 from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
+from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
-from eaglet.train.pipeline import eos_ids, regenerate_run, run_train  # noqa: E402
+from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
 # corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "turns" (+ second turns).
@@ -87,13 +96,40 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     kinds, options = VARIANTS[name]
     n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
     cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
-    res = run_train(target, str(out / f"data-{name}.jsonl"), run, cfg, time_budget_s=60 * args.train_min)
+    trained = run / "train.json"
+    if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
+        res = json.loads(trained.read_text())
+    else:
+        # The training device is the target's (DistInfo's default is the CPU).
+        dist, data = DistInfo(device=torch.device(args.device)), str(out / f"data-{name}.jsonl")
+        # Tokenized outside the budget (run_train finds the cache): ~40k records take tens of seconds,
+        # which would leave the larger variants less training time than the smaller ones.
+        max_len = cfg.seq_len(target.config.max_position_embeddings)
+        for part, file in zip(split_train_val([c for c in load_conversations(data) if c.has_answer], 0.02),
+                              ("tokens-train", "tokens-val")):
+            if part:
+                tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
+        # A resumed variant (Ctrl-C) gets what its budget has left: every variant trains --train-min in all.
+        with spent(run / "clock.json") as used:
+            res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * args.train_min - used))
+        trained.write_text(json.dumps(res))
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
     sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
                                earlier_turns=cfg.earlier_turns)
     return {"kinds": list(kinds), "options": options, "train_records": n_train, "steps": res["steps"],
             "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
             "train_seconds": res["seconds_this_run"]}
+
+
+@contextmanager
+def spent(path: Path) -> Iterator[float]:
+    """Yields the seconds earlier (interrupted) commands spent on a stage; adds this command's, however it ends."""
+    before = json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
+    t0 = time.time()
+    try:
+        yield before
+    finally:
+        path.write_text(json.dumps({"seconds": before + time.time() - t0}))
 
 
 def serve(args, draft: Path, out: Path) -> dict:
@@ -132,11 +168,12 @@ def main() -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--device", default="cuda")
     p.add_argument("--data", default="builtin")
-    p.add_argument("--regen-min", type=float, default=7.0, help="regeneration budget in minutes")
-    p.add_argument("--train-min", type=float, default=2.0, help="training budget per variant in minutes")
+    p.add_argument("--regen-min", type=float, default=6.0, help="regeneration budget in minutes")
+    p.add_argument("--train-min", type=float, default=1.5, help="training minutes per variant (tokenizing not counted)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' regenerates only")
     p.add_argument("--answers", default="0,0.7,1.0")
     p.add_argument("--max-samples", type=int, default=8000, help="training prompts of --data (a seeded sample)")
+    p.add_argument("--max-val-samples", type=int, help="validation prompts (a seeded sample; default: all 1,561)")
     p.add_argument("--self-prompts", type=int, default=3000)
     p.add_argument("--follow-ups", type=float, default=0.25)
     p.add_argument("--max-new-tokens", type=int, default=512)
@@ -149,10 +186,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
-    import torch
-
     from eaglet.loading import load_target
-    from eaglet.train.dist import SINGLE_PROCESS
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,12 +194,14 @@ def main() -> None:
                          device=args.device)
     rc = RegenConfig(batch_size=args.regen_batch_size, max_new_tokens=args.max_new_tokens,
                      answers=tuple(float(a) for a in args.answers.split(",")), max_samples=args.max_samples,
+                     max_val_samples=args.max_val_samples,
                      self_prompts=args.self_prompts, follow_ups=args.follow_ups)
     t0 = time.time()
     regen_dir = out / "data"
     regen_dir.mkdir(exist_ok=True)
-    deadline = t0 + 60 * args.regen_min
-    data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
+    with spent(regen_dir / "clock.json") as used:  # an interrupted regeneration resumes with what --regen-min has left
+        deadline = t0 + 60 * args.regen_min - used
+        data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
     convs = [c for c in load_conversations(data) if c.has_answer]
     regen_s = time.time() - t0
     print(f"regeneration: {len(convs)} records in {regen_s:.0f} s (resumed runs count only this run)", flush=True)
@@ -186,4 +222,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Interrupted as e:  # Ctrl-C: what was done is saved; the same command resumes
+        sys.exit(f"eaglet: {e}")

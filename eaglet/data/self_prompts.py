@@ -125,6 +125,10 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
             fh.flush()
             os.fsync(fh.fileno())
             bar.update(len(batch))
+        if stop:  # asked during the last batch, which is saved: stop here, not in a later stage
+            bar.close()
+            raise Interrupted(f"{kept} user turns were added to {out} this run; run the same command again "
+                              "to resume")
     bar.close()
     return kept
 

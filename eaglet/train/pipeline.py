@@ -143,6 +143,10 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
     caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure).
     """
     start = start or time.time()
+    where = target.model.embed.weight.device
+    if dist.device.type != where.type:  # SINGLE_PROCESS is the CPU: a caller with a GPU target must say so
+        raise EagletError(f"the target is on {where} but training would run on {dist.device}; pass "
+                          f"DistInfo(device=...) for the target's device")
     deadline = start + time_budget_s if time_budget_s else None
     out.mkdir(parents=True, exist_ok=True)
     if regen is not None:

@@ -70,8 +70,12 @@ def _step(line: str) -> int | None:
 
 
 def plot_accuracy(log_path: Path, png: Path, smooth: int = 50) -> None:
-    """acc_j over training (train: moving average over ``smooth`` steps; val: markers)."""
-    import matplotlib
+    """acc_j over training (train: moving average over ``smooth`` steps; val: markers). Without matplotlib
+    (a bare GPU machine has torch and transformers only) there is no plot; the log holds the same numbers."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

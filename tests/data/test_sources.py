@@ -105,6 +105,26 @@ def test_self_prompts_keep_finished_distinct_turns_and_resume(tiny_target, tmp_p
     assert [c.id for c in load_written(out)] == ["self-0", "self-4", "self-5"]
 
 
+def test_ctrl_c_in_the_last_batch_of_turns_stops_the_run(tiny_target, tmp_path, monkeypatch):
+    """The stop flag was read only before a batch: a Ctrl-C during the last one was dropped and the run went
+    on into the next stage. The batch is kept and the stop is honoured."""
+    import os
+    import signal
+
+    from eaglet.errors import Interrupted
+
+    class _Interrupting(_Writer):
+        def generate(self, rows, params):
+            os.kill(os.getpid(), signal.SIGINT)
+            return super().generate(rows, params)
+
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Interrupting(target))
+    out = tmp_path / "self.jsonl"
+    with pytest.raises(Interrupted, match="run the same command again"):
+        write_turns(tiny_target, self_prompt_jobs(2), out, TurnConfig(batch_size=2), "self-prompts", progress=False)
+    assert len(_records(out)) == 2  # the batch was written before stopping
+
+
 def test_second_turns_are_the_targets_and_keep_split_and_source(tiny_target, tmp_path, monkeypatch):
     monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
     answers_end_after(monkeypatch, 5)

@@ -14,6 +14,7 @@ from eaglet.data.features import capture_features
 from eaglet.draft.compat import load_draft_for
 from eaglet.errors import EagletError
 from eaglet.options import RegenConfig, TrainConfig
+from eaglet.train.dist import DistInfo
 from eaglet.train.pipeline import run_train
 from eaglet.train.trainer import Trainer
 from tests.train.helpers import prompts, write_jsonl
@@ -154,3 +155,25 @@ def test_scores_per_source_add_up_to_the_validation(tiny_target, regenerated, tm
     assert rows["all"]["positions"] == res["val"]["positions"] == rows["a"]["positions"] + rows["b"]["positions"]
     for j in range(cfg.ttt_steps):
         assert rows["all"][f"acc_{j}"] == pytest.approx(res["val"][f"acc_{j}"], abs=1e-5)
+
+
+def test_training_device_must_be_the_targets(tiny_target, regenerated, tmp_path):
+    """A caller that leaves DistInfo at its default (the CPU) with a target elsewhere is refused before any
+    regeneration or training (scripts/ablate.py did, and would have trained an H200 run's draft on the CPU)."""
+    with pytest.raises(EagletError, match="training would run on meta"):
+        run_train(tiny_target, _fresh(regenerated, tmp_path), tmp_path / "out", TrainConfig(max_steps=1, **FAST),
+                  DistInfo(device=torch.device("meta")))
+    assert not (tmp_path / "out" / "checkpoint").exists()
+
+
+def test_no_plot_without_matplotlib(tmp_path, monkeypatch):
+    """A bare GPU machine has no matplotlib: checkpoints call plot_accuracy, which then draws nothing."""
+    import sys
+
+    from eaglet.train.report import plot_accuracy
+
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(json.dumps({"split": "train", "step": 1, "acc_0": 0.5}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    plot_accuracy(log, tmp_path / "acc.png")
+    assert not (tmp_path / "acc.png").exists()
