@@ -16,6 +16,7 @@ import torch
 from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
+from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import broadcast_from_rank0
 from eaglet.sampling import SamplingParams, sample_at
 
@@ -218,6 +219,8 @@ class PlainGenerator:
         # Fusion (torch.compile) is what takes a small model's step from launch-bound
         # toward the bandwidth floor; on CPU its start-up cost outweighs the gain.
         self.compile = on_cuda if compile is None else compile
+        if self.device.type == "cpu" and not self.compile:
+            pack_linears(target.model)  # oneDNN's packed GEMMs (models/layers.py)
         # Steps per host read (``DecodeChunks``): the chunk pays where replays are cheap and the
         # host is the gap (CUDA graphs); eagerly each step's launches dwarf the read, so one,
         # unless asked (tests run the chunk's logic eagerly).

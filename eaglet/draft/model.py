@@ -31,7 +31,7 @@ from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.models.attention import attention, cached_attention
 from eaglet.models.config import ModelConfig
-from eaglet.models.layers import RMSNorm, Rotary, apply_rotary
+from eaglet.models.layers import RMSNorm, Rotary, apply_rotary, dense
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DraftAttention(nn.Module):
     def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
         b, t, _ = x.shape
         if cache is not None and self.qkv is not None:
-            q, k, v = F.linear(x, self.qkv).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
+            q, k, v = dense(x, self.qkv).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = apply_rotary(q.view(b, t, self.n_q, self.d), cos, sin)  # [B, T, nq, D]
@@ -99,7 +99,7 @@ class DraftAttention(nn.Module):
         if cache is not None:
             cache.write(0, k, v, meta.slots)
             out = cached_attention(q, cache, 0, meta)  # [B, T, nq, D]
-            return self.o_proj(out.reshape(b, t, self.n_q * self.d))
+            return dense(out.reshape(b, t, self.n_q * self.d), self.o_proj.weight)
         # Training-time test: keys are every earlier step's K/V plus this step's.
         past.append((k.transpose(1, 2), v.transpose(1, 2)))
         keys = torch.cat([p[0] for p in past], dim=2)  # [B, nkv, steps*T, D]
@@ -123,9 +123,9 @@ class DraftMLP(nn.Module):
 
     def forward(self, x, fused: bool = False):
         if fused and self.gate_up is not None:
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+            gate, up = dense(x, self.gate_up).chunk(2, dim=-1)
+            return dense(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -177,7 +177,7 @@ class Eagle3Draft(nn.Module):
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         if self.aux_norm is not None:
             aux = self.aux_norm(aux)
-        return self.fc(aux)  # [B, T, k*H] -> [B, T, H]
+        return dense(aux, self.fc.weight, self.fc.bias)  # [B, T, k*H] -> [B, T, H]
 
     def forward(self, hidden: torch.Tensor, emb: torch.Tensor, meta: AttnMeta,
                 cache: KVCache | None = None, past: list | None = None) -> torch.Tensor:
@@ -202,7 +202,7 @@ class Eagle3Draft(nn.Module):
         return self
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))  # [..., draft_vocab]
+        return dense(self.norm(out), self.lm_head.weight)  # [..., draft_vocab]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

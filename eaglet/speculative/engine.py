@@ -40,6 +40,7 @@ from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
 from eaglet.errors import EagletError
 from eaglet.generate import CHUNK_STEPS, Completion, DecodeChunks, context_size, decode_step
 from eaglet.loading.target import Target
+from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams
 from eaglet.session import bucket_size, decode_all
@@ -197,6 +198,9 @@ class SpecEngine:
         # Fusion is what makes a small model's step fast on CUDA (default mode: no per-shape
         # autotuning, so a new (batch, tree) compiles in seconds, not minutes).
         self.compile = (on_cuda and self.use_graphs) if compile is None else bool(compile)
+        if self.device.type == "cpu" and not self.compile:
+            pack_linears(target.model)  # oneDNN's packed GEMMs (models/layers.py), draft and target
+            pack_linears(draft)
         # Plain steps per host read after a fallback, as PlainGenerator decodes (1: one step a read).
         self.chunk = (CHUNK_STEPS if self.use_graphs else 1) if chunk is None else chunk
         self.policy = BatchPolicy(self.device.type, fixed, adaptive, log, agree=self._rank0_says)
