@@ -55,12 +55,24 @@ def _narrow(src: TensorSource, dim: int, start: int, length: int, full: int, wha
 _PACK_HINT = 8  # the rows oneDNN's layout is chosen for (a verify's); any row count works
 
 
+def _has_packed_gemm() -> bool:
+    # Private ops (the ones inductor's CPU backend uses): a torch without them keeps F.linear.
+    try:
+        return torch.backends.mkldnn.is_available() and all(
+            hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_HAS_PACKED_GEMM = _has_packed_gemm()
+
+
 def pack_linears(module: nn.Module) -> nn.Module:
     """Mark every 2-D float32 CPU weight of ``module`` for ``dense``'s oneDNN path (packed on first use).
 
     Inference only: ``dense`` falls back to F.linear while autograd records and under torch.compile
     (CUDA never reaches it); a weight changed after packing (its version or storage) is packed again."""
-    if not torch.backends.mkldnn.is_available():
+    if not _HAS_PACKED_GEMM:
         return module
     for t in (*module.parameters(), *module.buffers()):
         if t.dim() == 2 and t.dtype == torch.float32 and t.device.type == "cpu":
