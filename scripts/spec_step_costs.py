@@ -116,9 +116,9 @@ def main() -> None:
             rows.append(row)
             lines.append(json.dumps(row))
             print(lines[-1], flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            if a.out:  # each row as soon as it exists: a run stopped at its time limit keeps what it measured
+                with open(a.out, "w") as f:
+                    f.write("\n".join(lines) + "\n")
     print(f"\n{'batch':>5} {'tree':>34} {'plain':>7} {'iter':>7} {'call':>7} {'draft':>7} {'verify':>7} "
           f"{'commit':>7} {'call/plain':>10} {'compile s':>9}")
     for r in rows:
