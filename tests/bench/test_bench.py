@@ -125,3 +125,25 @@ def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tm
     assert asked == [(True, True), (False, False), (None, True), (True, False)]  # None: automatic (on with graphs)
     assert json.loads((tmp_path / "report.json").read_text())["config"]["policy"] is False
     assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_engine"] is True
+
+
+def test_every_prompt_shape_is_warm_before_timing(chat_model_dir, draft_dir, prompts_file, tmp_path, monkeypatch):
+    """Each of eaglet's methods runs every batch for two tokens before its timed run (a first use of a prefill
+    shape cost 0.5-1 s on an H200, paid by whichever method ran first), with the policy booking nothing."""
+    import eaglet.bench.run as bench_run
+
+    calls = []
+
+    def recording(generator, prompts, params, batch_size):
+        policy = getattr(generator, "policy", None)
+        calls.append((type(generator).__name__, len(prompts), params.max_new_tokens,
+                      None if policy is None else policy.adaptive))
+        return run_ours(generator, prompts, params, batch_size)
+
+    run_ours = bench_run.run_ours
+    monkeypatch.setattr(bench_run, "run_ours", recording)
+    assert main(["bench", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompts", str(prompts_file),
+                 "--methods", "plain,spec", "--max-new-tokens", "12", "--batch-size", "2",
+                 "--out", str(tmp_path / "out")]) == 0
+    assert calls == [("PlainGenerator", 2, 12, None), ("PlainGenerator", 3, 2, None), ("PlainGenerator", 3, 12, None),
+                     ("SpecEngine", 2, 12, True), ("SpecEngine", 3, 2, False), ("SpecEngine", 3, 12, True)]
