@@ -31,7 +31,7 @@ from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.models.attention import attention, cached_attention
 from eaglet.models.config import ModelConfig
-from eaglet.models.layers import RMSNorm, Rotary, apply_rotary, dense
+from eaglet.models.layers import Linear, RMSNorm, Rotary, apply_rotary, dense
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,10 @@ class DraftAttention(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
         self.n_q, self.n_kv, self.d = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_proj = Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         self.register_buffer("qkv", None, persistent=False)  # [(nq+2nkv)*D, 2H], set by fuse_projections
 
     def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
@@ -99,7 +99,7 @@ class DraftAttention(nn.Module):
         if cache is not None:
             cache.write(0, k, v, meta.slots)
             out = cached_attention(q, cache, 0, meta)  # [B, T, nq, D]
-            return dense(out.reshape(b, t, self.n_q * self.d), self.o_proj.weight)
+            return self.o_proj(out.reshape(b, t, self.n_q * self.d))
         # Training-time test: keys are every earlier step's K/V plus this step's.
         past.append((k.transpose(1, 2), v.transpose(1, 2)))
         keys = torch.cat([p[0] for p in past], dim=2)  # [B, nkv, steps*T, D]
@@ -116,16 +116,16 @@ class DraftAttention(nn.Module):
 class DraftMLP(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
         self.register_buffer("gate_up", None, persistent=False)  # [2I, H], set by fuse_projections
 
     def forward(self, x, fused: bool = False):
         if fused and self.gate_up is not None:
             gate, up = dense(x, self.gate_up).chunk(2, dim=-1)
-            return dense(F.silu(gate) * up, self.down_proj.weight)
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -159,10 +159,10 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.config = c
         self.aux_norm = PointNorm(c.capture.k, c.target_hidden, c.rms_norm_eps) if c.aux_norm else None
-        self.fc = nn.Linear(c.capture.k * c.target_hidden, c.hidden_size, bias=False)
+        self.fc = Linear(c.capture.k * c.target_hidden, c.hidden_size, bias=False)
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.lm_head = Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         # d2t[i]: offset so that target id = i + d2t[i]; t2d[v]: target token v is in the draft vocab.
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
@@ -177,7 +177,7 @@ class Eagle3Draft(nn.Module):
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         if self.aux_norm is not None:
             aux = self.aux_norm(aux)
-        return dense(aux, self.fc.weight, self.fc.bias)  # [B, T, k*H] -> [B, T, H]
+        return self.fc(aux)  # [B, T, k*H] -> [B, T, H]
 
     def forward(self, hidden: torch.Tensor, emb: torch.Tensor, meta: AttnMeta,
                 cache: KVCache | None = None, past: list | None = None) -> torch.Tensor:
@@ -202,7 +202,7 @@ class Eagle3Draft(nn.Module):
         return self
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return dense(self.norm(out), self.lm_head.weight)  # [..., draft_vocab]
+        return self.lm_head(self.norm(out))  # [..., draft_vocab]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -105,6 +105,13 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     return F.linear(x, weight, bias)
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and state-dict keys) whose forward is ``dense``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense(x, self.weight, self.bias)
+
+
 def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 

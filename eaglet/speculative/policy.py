@@ -136,8 +136,9 @@ class BatchPolicy:
         if not self.adaptive or active == 0:
             return
         t = self._t(batch)
-        cfg = self.ladder(batch)[t.rung]
-        t.window.append((tokens, active, self.iteration_s[(batch, cfg)] if seconds is None else seconds))
+        if seconds is None:
+            seconds = self.iteration_s[(batch, self.ladder(batch)[t.rung])]
+        t.window.append((tokens, active, seconds))
         t.iters += 1
         n = len(t.window)
         if n < WINDOW or t.iters % WINDOW or (t.calls < 2 and n < LONG_WINDOW):
