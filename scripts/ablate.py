@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -89,11 +90,13 @@ def write_variant(convs: list[Conversation], kinds: tuple[str, ...], path: Path)
     return sum(c.split != "val" for c in keep)
 
 
-def train_variant(args, target, convs: list[Conversation], val: list[Conversation], name: str, out: Path) -> dict:
-    """Train variant ``name`` on its share of ``convs`` within --train-min, then score it per source."""
+def train_variant(args, target, convs: list[Conversation], val: list[Conversation], name: str, out: Path,
+                  minutes: float, like: str | None = None) -> dict:
+    """Train variant ``name`` (or, as ``name``, the records and options of variant ``like``) on its share
+    of ``convs`` within ``minutes``, then score it per source."""
     run = out / name
     run.mkdir(exist_ok=True)
-    kinds, options = VARIANTS[name]
+    kinds, options = VARIANTS[like or name]
     n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
     cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
     trained = run / "train.json"
@@ -111,12 +114,12 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
                 tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
         # A resumed variant (Ctrl-C) gets what its budget has left: every variant trains --train-min in all.
         with spent(run / "clock.json") as used:
-            res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * args.train_min - used))
+            res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * minutes - used))
         trained.write_text(json.dumps(res))
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
     sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
                                earlier_turns=cfg.earlier_turns)
-    return {"kinds": list(kinds), "options": options, "train_records": n_train, "steps": res["steps"],
+    return {"kinds": list(kinds), "options": options, "minutes": minutes, "train_records": n_train, "steps": res["steps"],
             "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
             "train_seconds": res["seconds_this_run"]}
 
@@ -179,6 +182,9 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--regen-batch-size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=20, help="an upper bound; the time budget ends each run")
+    p.add_argument("--final", type=float, default=0.0,
+                   help="then train the records and options of the best variant so far (validation tau_pred) "
+                        "for this many minutes into OUT/final")
     p.add_argument("--serve", type=int, default=0, help="prompts per serving measurement (0: none)")
     args = p.parse_args()
     names = [n for n in args.variants.split(",") if n]
@@ -209,13 +215,26 @@ def main() -> None:
     for name in names:
         run = out / name
         done = run / "result.json"
-        row = json.loads(done.read_text()) if done.is_file() else train_variant(args, target, convs, val, name, out)
+        row = json.loads(done.read_text()) if done.is_file() else \
+            train_variant(args, target, convs, val, name, out, args.train_min)
         if args.serve and "serve" not in row:
             row["serve"] = serve(args, run / "draft", run)
         done.write_text(json.dumps(row, indent=1))
         print(table({name: row}, TrainConfig().ttt_steps), flush=True)
     finished = {n: json.loads((out / n / "result.json").read_text()) for n in VARIANTS
                 if (out / n / "result.json").is_file()}  # every variant run so far, by any command
+    if args.final and not (out / "final" / "result.json").is_file():
+        if not finished:
+            sys.exit("--final needs at least one finished variant to choose from")
+        best = max(finished, key=lambda n: finished[n]["val"]["tau_pred"])
+        print(f"final: the records and options of {best!r} for {args.final} min", flush=True)
+        (out / "final").mkdir(exist_ok=True)
+        for f in (out / best).glob("tokens-*.safetensors"):  # same records and options: tokenizing would repeat
+            shutil.copy(f, out / "final" / f.name)
+        row = train_variant(args, target, convs, val, "final", out, args.final, like=best)
+        (out / "final" / "result.json").write_text(json.dumps({**row, "like": best}, indent=1))
+    if (out / "final" / "result.json").is_file():
+        finished["final"] = json.loads((out / "final" / "result.json").read_text())
     text = table(finished, TrainConfig().ttt_steps)
     (out / "ablation.md").write_text(text + "\n")
     print(f"\nregeneration {regen_s:.0f} s this run; training {args.train_min} min per variant\n\n{text}")
