@@ -283,9 +283,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--ttt-steps", type=integer(1), default=tc.ttt_steps,
                    help="draft steps unrolled in training-time test")
     t.add_argument("--decay", type=number(0, 1, low_open=True), default=tc.decay, help="loss weight decay**j of step j")
-    t.add_argument("--aux-norm", action="store_true",
+    t.add_argument("--aux-norm", action=argparse.BooleanOptionalAction, default=tc.aux_norm,
                    help="RMS-normalise each captured point before fc (a learned weight per point, stored in the "
-                        "draft and applied in serving too)")
+                        "draft and applied in serving too); --no-aux-norm for a draft other engines can load")
     t.add_argument("--aux-noise", type=number(0), default=tc.aux_noise, metavar="SIGMA",
                    help="training only: add uniform noise in [-SIGMA, SIGMA] to the captured points; 0 = off")
     t.add_argument("--target-turns-only", action="store_true",

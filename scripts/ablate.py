@@ -52,14 +52,15 @@ from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized 
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
 # corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "turns" (+ second turns).
+PLAIN = {"aux_norm": False}  # the data variants without the recipe's options (aux_norm is on by default)
 VARIANTS = {
-    "base": (("greedy",), {}),
-    "sampled": (("greedy", "sampled"), {}),
-    "self": (("greedy", "sampled", "self"), {}),
-    "all": (("greedy", "sampled", "self", "turns"), {}),
+    "base": (("greedy",), PLAIN),
+    "sampled": (("greedy", "sampled"), PLAIN),
+    "self": (("greedy", "sampled", "self"), PLAIN),
+    "all": (("greedy", "sampled", "self", "turns"), PLAIN),
     "all-norm": (("greedy", "sampled", "self", "turns"), {"aux_norm": True}),
     "all-norm-noise": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "aux_noise": 0.05}),
-    "all-target-turns": (("greedy", "sampled", "self", "turns"), {"earlier_turns": False}),
+    "all-target-turns": (("greedy", "sampled", "self", "turns"), {**PLAIN, "earlier_turns": False}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 
@@ -119,8 +120,8 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
     sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
                                earlier_turns=cfg.earlier_turns)
-    return {"kinds": list(kinds), "options": options, "minutes": minutes, "train_records": n_train, "steps": res["steps"],
-            "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
+    return {"kinds": list(kinds), "options": options, "minutes": minutes, "train_records": n_train,
+            "steps": res["steps"], "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
             "train_seconds": res["seconds_this_run"]}
 
 

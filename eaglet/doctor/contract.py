@@ -198,8 +198,9 @@ def check_contract(target: Target, draft_path: Path, features: str | None, dtype
     if res.declared is not None:
         fc = shapes.get("fc.weight")
         chk.lines.append(f"points {list(res.declared.points)} (eaglet convention; {sglang_ids(res.declared)}) of "
-                         f"0..{n}; fc {fc[1] if fc else '?'} = {res.declared.k} x {target.config.hidden_size}"
-                         + ("; each point RMS-normalised first (aux_norm)" if "aux_norm.weight" in shapes else ""))
+                         f"0..{n}; fc {fc[1] if fc else '?'} = {res.declared.k} x {target.config.hidden_size}")
+        if "aux_norm.weight" in shapes:  # its own line: the points line alone nears the screen's width
+            chk.lines.append("each point RMS-normalised first (aux_norm)")
     elif res.assumed is not None:
         chk.lines.append(f"no usable declaration: later checks assume EAGLE-3's default {list(res.assumed.points)}")
     chk.lines.append(f"draft vocabulary {vocab['draft_vocab_size']} of {target.config.vocab_size}; tokenizer "

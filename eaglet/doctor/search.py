@@ -29,7 +29,7 @@ set in eaglet points and SGLang ids. The margin keeps a long run from failing on
 but negligible difference, the z-score keeps a short run from failing on noise (with ~7
 candidates, z >= 3 keeps a false alarm near 1%). A lead with z >= 2 warns. When every set
 scores below ``FLOOR`` accuracy the draft is untrained or belongs elsewhere and the sets
-cannot be told apart: a warning.
+cannot be told apart: a warning, whatever the losses say (a lower loss alone never fails it).
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def check_search(draft, inp: StepInputs, captured: tuple[int, ...], hidden: int,
         which = f"points {best['points']} (SGLang ids {best['sglang_ids']}; {best['label']})"
         numbers = (f"loss {best['ce']:.3f} vs {ref['ce']:.3f} (z={best['z']:.1f}), step-0 accuracy "
                    f"{best['acc_0']:.3f} vs {ref['acc_0']:.3f}, {n} anchors")
-        if best["ce_lead"] >= MARGIN * ref["ce"] and best["z"] >= Z and best["acc_0"] >= ref["acc_0"]:
+        # Below FLOOR no set predicts the target, so a lower loss alone does not convict the declared points.
+        untrained = max(r["acc_0"] for r in rows) < FLOOR
+        if best["ce_lead"] >= MARGIN * ref["ce"] and best["z"] >= Z and best["acc_0"] >= ref["acc_0"] and not untrained:
             chk.flag(FAIL, f"the draft reads {which}, not the {ref_label} {ref['points']}: {numbers}")
         elif best["z"] >= WARN_Z:
             chk.flag(WARN, f"{which} predict the target a little better than the {ref_label} {ref['points']}: "

@@ -176,9 +176,10 @@ def test_embedding_output_swapped_in_by_serving(doctor_target_dir, trained_draft
     assert st[1] == "pass" and st[2] == "fail" and st[3] == "pass", rep.format()
     assert "point 2: max |training - serving|" in problems(rep, 2) and "point 1" not in problems(rep, 2)
     assert "serving feeds point 0 (the embedding output) where training reads point 2" in problems(rep, 2)
-    # This draft leans little on point 2, so acceptance drops a little, but verify by verify it is not what
-    # teacher forcing predicts.
-    assert st[4] == "warn" and "of verifies accept the length teacher forcing predicts" in problems(rep, 4)
+    # Acceptance drops by as much as the draft leans on point 2 (a matter of its training): below the prediction
+    # overall, or verify by verify unlike what teacher forcing predicts; either way a warning.
+    assert st[4] == "warn" and ("serving accepts less than the draft's accuracy predicts" in problems(rep, 4)
+                                or "of verifies accept the length teacher forcing predicts" in problems(rep, 4))
 
 
 def test_serving_capture_off_by_one(doctor_target_dir, trained_draft, doctor_prompts, monkeypatch):
