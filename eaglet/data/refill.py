@@ -4,8 +4,14 @@ A batch decoded to its end runs until its longest answer ends, while answers run
 tokens to ``max_new_tokens``: most rows idle. Here a ``Session`` keeps ``rows`` rows busy: after
 every step the finished rows are released (their answers handed on); once a sixteenth of the rows
 is free (or none runs) the next prompts are prefilled into every free row in one forward, wherever
-the rows lie (``Session.admit``), so a step's few finished rows do not each cost a prefill. One session
-serves the whole run, so its step is compiled and captured once (on CUDA; on CPU the plain step).
+the rows lie (``Session.admit``), so a step's few finished rows do not each cost a prefill.
+
+A ``Refill`` serves every stage of a run (``sources.answer_sources``: validation, training, second
+turns, sampled answers): one generator whose KV capacity comes from the run's settings
+(``max_prompt_tokens`` + ``max_new_tokens``), not from a stage's longest prompt, and one session per
+batch size, every stage taking the run's batch under CUDA graphs. On CUDA a decode chunk is compiled
+(torch.compile) and captured per shape, so the run pays that once (per sampling rule: the greedy chunk,
+then the sampled one at the first sampled answer) instead of once per stage; on CPU it runs the plain step.
 
 Each answer draws from its own generator (``Draws``: the run's seed and the answer's id), so a
 sampled answer does not depend on the row or the company it lands in; a resumed run writes the
@@ -60,39 +66,63 @@ def capacity(target: Target, longest: int, max_new_tokens: int) -> int:
     return min(target.config.context_window, -(-(longest + max_new_tokens + 1) // CAPACITY_STEP) * CAPACITY_STEP)
 
 
-def answer_locally(target: Target, jobs: list[Job], params: SamplingParams, rows: int,
-                   admitting: Callable[[], bool], done: Callable[[list[Answer]], None]) -> None:
-    """Answer ``jobs`` in order with a batch of ``rows`` rows refilled as rows finish.
+def stage_batch(rows: int, jobs: int, graphs: bool) -> int:
+    """The batch a stage of ``jobs`` answers runs. Under CUDA graphs the run's bucket whatever the stage's
+    size: each batch size is a compile and a capture, which cost more than a short stage's idle rows.
+    Eagerly nothing is built per size, so a stage shorter than the batch computes only its own rows."""
+    return bucket_size(rows, graphs) if graphs else min(rows, jobs)
 
-    ``admitting()`` is asked before each admission while jobs wait; once False, no job is admitted
-    again and the rows in flight finish. ``done(answers)`` receives the answers finished by each
-    admission or step (often none): it may raise to stop the run (Ctrl-C), dropping the rows in flight.
-    """
-    if not jobs:
-        return
-    longest = max(len(j.prompt) for j in jobs)
-    cap = capacity(target, longest, params.max_new_tokens)
-    if cap <= longest:
-        raise EagletError(f"a prompt of {longest} tokens leaves no room in the model's {cap}-token window; "
-                          "lower --max-prompt-tokens")
-    gen = PlainGenerator(target, cap)
-    session = gen.session(bucket_size(min(rows, len(jobs)), gen.use_graphs), params, own_draws=True)
-    queue, owner = deque(jobs), {}
-    min_free = max(1, session.batch // ADMIT_WAIT)
-    with torch.inference_mode():
-        while True:
-            free = len(session.free_rows())
-            if queue and free and (free >= min(min_free, len(queue)) or not session.running()):
-                if admitting():
-                    _admit(session, queue, owner, params)
-                else:
-                    queue.clear()  # the budget ended: the rows in flight finish, nothing joins them
-            done([_answer(target, owner.pop(i), session.release(i)) for i in list(owner) if session.rows[i].done])
-            if not session.running():
-                if not queue:
-                    return
-                continue
-            session.step()
+
+class Refill:
+    """The local target answering the jobs of one run's stages, ``rows`` rows at a time, at ``params``'s
+    top-p and top-k (a job's temperature and seed are its own)."""
+
+    def __init__(self, target: Target, rows: int, max_prompt_tokens: int, params: SamplingParams):
+        self.target, self.rows, self.params = target, rows, params
+        # Every prompt the run admits has at most max_prompt_tokens (``regenerate`` skips longer ones), so
+        # one capacity holds every stage's answers, each to the limit a capacity of its own would give it.
+        self.gen = PlainGenerator(target, capacity(target, max_prompt_tokens, params.max_new_tokens))
+        # batch -> its session, reused by every stage of that batch: a stage returns with every row released
+        # (an exception out of ``done`` ends the run).
+        self.sessions: dict[int, Session] = {}
+
+    def answer(self, jobs: list[Job], admitting: Callable[[], bool], done: Callable[[list[Answer]], None]
+               ) -> None:
+        """Answer ``jobs`` in order with a batch of ``rows`` rows refilled as rows finish.
+
+        ``admitting()`` is asked before each admission while jobs wait; once False, no job is admitted
+        again and the rows in flight finish. ``done(answers)`` receives the answers finished by each
+        admission or step (often none): it may raise to stop the run (Ctrl-C), dropping the rows in flight.
+        """
+        if not jobs:
+            return
+        longest = max(len(j.prompt) for j in jobs)
+        if self.gen.capacity <= longest:
+            raise EagletError(f"a prompt of {longest} tokens leaves no room in the model's {self.gen.capacity}-token "
+                              "window; lower --max-prompt-tokens")
+        session = self._session(stage_batch(self.rows, len(jobs), self.gen.use_graphs))
+        queue, owner = deque(jobs), {}
+        min_free = max(1, session.batch // ADMIT_WAIT)
+        with torch.inference_mode():
+            while True:
+                free = len(session.free_rows())
+                if queue and free and (free >= min(min_free, len(queue)) or not session.running()):
+                    if admitting():
+                        _admit(session, queue, owner, self.params)
+                    else:
+                        queue.clear()  # the budget ended: the rows in flight finish, nothing joins them
+                done([_answer(self.target, owner.pop(i), session.release(i))
+                      for i in list(owner) if session.rows[i].done])
+                if not session.running():
+                    if not queue:
+                        return
+                    continue
+                session.step()
+
+    def _session(self, batch: int) -> Session:
+        if batch not in self.sessions:
+            self.sessions[batch] = self.gen.session(batch, self.params, own_draws=True)
+        return self.sessions[batch]
 
 
 def _admit(session: Session, queue: deque, owner: dict[int, Job], params: SamplingParams) -> None:

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from eaglet.chat import encode_chat
 from eaglet.data.prompts import Conversation, note, parse_record
-from eaglet.data.refill import Answer, Job, answer_locally
+from eaglet.data.refill import Answer, Job, Refill
 from eaglet.data.remote import Endpoint, answer_remotely
 from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, StopFlag, stop_on_signal
@@ -176,7 +176,8 @@ def regenerate(target: Target | Endpoint, prompts: list[Conversation], out: Path
                batch_size: int = 256, max_prompt_tokens: int = 1024, seed: int = 0,
                stop_when: Callable[[int], bool] | None = None, also_done: list[Path] = (), progress: bool = True,
                claim_fix: str = "pass another --out, or --restart to start over",
-               temperatures: tuple[float, ...] | None = None, greedy_only: bool = False) -> RegenStats:
+               temperatures: tuple[float, ...] | None = None, greedy_only: bool = False,
+               refill: Refill | None = None) -> RegenStats:
     """Answer every prompt not yet in ``out`` (or ``also_done``) and append the records to ``out``.
 
     ``target``: the local target (a running batch of ``batch_size`` rows) or an ``Endpoint``.
@@ -186,6 +187,9 @@ def regenerate(target: Target | Endpoint, prompts: list[Conversation], out: Path
     scored as greedy serving sees them, and alike whatever the training settings).
     ``stop_when(tokens)`` is asked before each prompt is admitted with the prompt + answer tokens in
     the output so far (earlier runs included); True stops admitting (a time budget).
+    ``refill``: the local target's running batch, shared by the calls of one run (``answer_sources``) so its
+    step compiles once; built from the same ``batch_size``, ``max_prompt_tokens`` and ``params`` (default:
+    this call's own).
     """
     if batch_size < 1:
         raise EagletError(f"the batch size must be >= 1, got {batch_size}")
@@ -219,7 +223,8 @@ def regenerate(target: Target | Endpoint, prompts: list[Conversation], out: Path
             if isinstance(target, Endpoint):
                 answer_remotely(target, jobs, params, records.admitting, records.add)
             else:
-                answer_locally(target, jobs, params, batch_size, records.admitting, records.add)
+                refill = refill or Refill(target, batch_size, max_prompt_tokens, params)
+                refill.answer(jobs, records.admitting, records.add)
             records.sync()
     finally:
         bar.close()

@@ -50,7 +50,7 @@ class Endpoint:
 
 def answer_remotely(ep: Endpoint, jobs: list[Job], params: SamplingParams, admitting: Callable[[], bool],
                     done: Callable[[list[Answer]], None]) -> None:
-    """Answer ``jobs`` through ``ep``, the contract of ``refill.answer_locally``: ``admitting()`` before each
+    """Answer ``jobs`` through ``ep``, the contract of ``Refill.answer``: ``admitting()`` before each
     request, ``done(answers)`` with those finished since the last call (at least every POLL_S); an
     exception from ``done`` or a failed request cancels the requests in flight."""
     asyncio.run(_ask_all(ep, jobs, params, admitting, done))

@@ -30,7 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from eaglet.data.prompts import Conversation, note, read_jsonl
+from eaglet.data.refill import Refill
 from eaglet.data.regenerate import RegenStats, regenerate
+from eaglet.data.remote import Endpoint
 from eaglet.data.self_prompts import TurnConfig, follow_up_jobs, load_written, self_prompt_jobs, write_turns
 from eaglet.loading.target import Target
 from eaglet.options import RegenConfig
@@ -53,7 +55,7 @@ def picked(conv_id: str, fraction: float, salt: str) -> bool:
     return int(hashlib.sha1(f"{salt}:{conv_id}".encode()).hexdigest()[:8], 16) < fraction * 2**32
 
 
-def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: RegenConfig,
+def answer_sources(target: Target | Endpoint, prompts: list[Conversation], out: Path, rc: RegenConfig,
                    stop_when: Callable[[int], bool] | None = None, also_done: list[Path] = (),
                    progress: bool = True, claim_fix: str = "pass another --out", shard: tuple[int, int] = (0, 1),
                    ) -> list[RegenStats]:
@@ -74,10 +76,14 @@ def answer_sources(target: Target, prompts: list[Conversation], out: Path, rc: R
         val += [c for c in written if c.split == "val"]
         train += [c for c in written if c.split != "val"]
 
+    # One running batch answers every stage, so its step is compiled and captured once a run, not a stage.
+    refill = None if isinstance(target, Endpoint) else Refill(target, rc.batch_size, rc.max_prompt_tokens,
+                                                                 rc.params())
+
     def answer(convs: list[Conversation], what: str, greedy_only: bool = True) -> RegenStats:
         stats = regenerate(target, convs, out, rc.params(), rc.batch_size, rc.max_prompt_tokens, seed=rc.seed,
                            stop_when=stop_when, also_done=also_done, progress=progress, claim_fix=claim_fix,
-                           temperatures=rc.answers, greedy_only=greedy_only)
+                           temperatures=rc.answers, greedy_only=greedy_only, refill=refill)
         if rank == 0:
             note(f"answered {stats.written} {what} ({stats.tokens} answer tokens) in {stats.seconds:.0f} s; "
                  f"{stats.done_before} were done before" + ("; stopped by the time budget" * stats.stopped_early))

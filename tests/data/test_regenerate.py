@@ -176,3 +176,10 @@ def test_a_budget_stops_admitting_and_the_rows_in_flight_finish(tiny_target, tmp
     assert stats.stopped_early and stats.written == 2 and asked[0] == 0  # the first two rows, run to their end
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert all(r["finish_reason"] == "stop" or r["completion_tokens"] == 12 for r in recs)  # ended, not cut
+
+
+def test_under_cuda_graphs_every_stage_runs_the_runs_batch():
+    """A batch size is a compile and a capture under graphs: a short stage leaves rows idle instead. Eagerly a
+    short stage runs its own rows (nothing to compile)."""
+    assert refill.stage_batch(512, 37, graphs=True) == 512 and refill.stage_batch(300, 5, graphs=True) == 512
+    assert refill.stage_batch(512, 37, graphs=False) == 37 and refill.stage_batch(4, 9, graphs=False) == 4

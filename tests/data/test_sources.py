@@ -154,6 +154,42 @@ def test_second_turns_are_the_targets_and_keep_split_and_source(tiny_target, tmp
     assert sum(s.written for s in stats) == 0
 
 
+def test_every_stage_of_a_run_shares_one_generator_and_writes_what_stages_apart_write(tiny_target, tmp_path,
+                                                                                       monkeypatch):
+    """On CUDA a generator compiles and captures its decode chunk per batch size: a generator a stage (its KV
+    capacity from the stage's longest prompt) made each stage of a run compile again."""
+    import eaglet.data.sources as sources
+
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
+    answers_end_after(monkeypatch, 5)
+    built, batches = [], []
+
+    class Counted(PlainGenerator):
+        def __init__(self, *args, **kwargs):
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
+        def session(self, batch, *args, **kwargs):
+            batches.append(batch)
+            return super().session(batch, *args, **kwargs)
+
+    monkeypatch.setattr("eaglet.data.refill.PlainGenerator", Counted)
+    ps = [p.__class__(p.id, p.messages, "val" if i < 2 else "train", f"src{i % 3}")
+          for i, p in enumerate(prompts(9, seed=25))]
+    rc = RegenConfig(batch_size=4, max_new_tokens=8, answers=(0.0, 0.7, 1.0), self_prompts=2, follow_ups=1.0)
+    _Writer.texts = []
+    stats = answer_sources(tiny_target, ps, tmp_path / "one.jsonl", rc, progress=False)
+    assert sum(s.written > 0 for s in stats) == 5  # validation, training, both second turns, sampled
+    assert len(built) == 1 and len(batches) == len(set(batches))  # on CPU a stage of two rows runs two
+    # Each stage with a generator and session of its own, as before: the same records, byte for byte.
+    apart = sources.regenerate
+    monkeypatch.setattr(sources, "regenerate", lambda *args, refill=None, **kwargs: apart(*args, **kwargs))
+    _Writer.texts = []
+    answer_sources(tiny_target, ps, tmp_path / "apart.jsonl", rc, progress=False)
+    assert len(built) > 2  # one a stage
+    assert (tmp_path / "one.jsonl").read_bytes() == (tmp_path / "apart.jsonl").read_bytes()
+
+
 def test_loss_on_earlier_turns_is_an_option():
     tok = tiny_tokenizer()
     eos = {tok.convert_tokens_to_ids("<|end|>")}
