@@ -125,6 +125,11 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
             "train_seconds": res["seconds_this_run"]}
 
 
+def best_variant(finished: dict[str, dict]) -> str:
+    """The finished variant whose draft validated best (predicted accept length); the first one on a tie."""
+    return max((n for n in finished if n in VARIANTS), key=lambda n: finished[n]["val"]["tau_pred"])
+
+
 @contextmanager
 def spent(path: Path) -> Iterator[float]:
     """Yields the seconds earlier (interrupted) commands spent on a stage; adds this command's, however it ends."""
@@ -227,7 +232,7 @@ def main() -> None:
     if args.final and not (out / "final" / "result.json").is_file():
         if not finished:
             sys.exit("--final needs at least one finished variant to choose from")
-        best = max(finished, key=lambda n: finished[n]["val"]["tau_pred"])
+        best = best_variant(finished)
         print(f"final: the records and options of {best!r} for {args.final} min", flush=True)
         (out / "final").mkdir(exist_ok=True)
         for f in (out / best).glob("tokens-*.safetensors"):  # same records and options: tokenizing would repeat

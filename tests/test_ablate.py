@@ -34,3 +34,10 @@ def test_variants_filter_training_records_and_keep_every_validation_record(tmp_p
         back = {c.id: c for c in read_jsonl(path)[0]}
         assert {i for i, c in back.items() if c.split == "val"} == {"v1", "v1+2", "self-9", "c1", "e1"}
         assert back["e1"].truncated and back["v1+2"].target_turns == 2 and back["v1"].answer_ids == (5,)
+
+
+def test_final_takes_the_best_validated_variant():
+    row = lambda tau: {"val": {"tau_pred": tau}}  # noqa: E731
+    assert ablate.best_variant({"base": row(1.79), "all": row(1.80), "all-norm": row(2.03), "final": row(4.5)}) \
+        == "all-norm"  # a final row (not a variant) is never its own template
+    assert ablate.best_variant({"sampled": row(1.7), "base": row(1.7)}) == "sampled"
