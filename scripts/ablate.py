@@ -158,7 +158,7 @@ def serve(args, draft: Path, out: Path) -> dict:
 
 def table(results: dict[str, dict], steps: int) -> str:
     accs = " | ".join(f"acc_{j}" for j in range(steps))
-    head = f"| variant | train records | steps | epochs | {accs} | tau_pred | " + " | ".join(GROUPS) + \
+    head = f"| variant | train records | steps | epochs | {accs} | tau_pred | tau_all | " + " | ".join(GROUPS) + \
            " | serving bench | serving other |"
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for name, r in results.items():
@@ -166,6 +166,7 @@ def table(results: dict[str, dict], steps: int) -> str:
         per = [r["sources"].get(g, {}).get("tau_pred", "") for g in GROUPS]
         lines.append(f"| {name} | {r['train_records']} | {r['steps']} | {r['epochs_done']:.2f} | "
                      + " | ".join(f"{val[f'acc_{j}']:.3f}" for j in range(steps)) + f" | {val['tau_pred']:.2f} | "
+                     + (f"{val['tau_all']:.2f}" if "tau_all" in val else "") + " | "
                      + " | ".join(str(x) for x in per) + f" | {r.get('serve', {}).get('bench', '')} | "
                      f"{r.get('serve', {}).get('other', '')} |")
     return "\n".join(lines)

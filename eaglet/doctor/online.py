@@ -102,10 +102,13 @@ def check_online(draft, aux: torch.Tensor, inp: StepInputs, run: ServingRun, ste
     chk.lines.append(f"{'verifies reaching it':26}" + "".join(f"{r['reached']:7d}" for r in rates))
     chk.lines.append(f"same accept length offline and online: {agree:.1%} of {len(pairs)} verifies")
     if recorded:
-        keys = sorted((k for k in recorded if k.startswith("acc_")), key=lambda k: int(k[4:]))
+        keys = sorted((k for k in recorded if k[:4] == "acc_" and k[4:].isdigit()), key=lambda k: int(k[4:]))
         chk.lines.append(f"recorded at training (val, draft-vocabulary tokens only): acc "
                          f"{' '.join(f'{recorded[k]:.3f}' for k in keys)}, tau_pred "
                          f"{recorded.get('tau_pred', float('nan')):.2f}")
+        if "tau_all" in recorded:  # drafts trained since tau_all exists
+            chk.lines.append(f"recorded at training (val, all answer tokens): acc_0 {recorded['acc_all_0']:.3f}, "
+                             f"tau {recorded['tau_all']:.2f}")
         chk.evidence["recorded_val"] = recorded
     gain, gain_pred, gap = tau_meas_same - 1, tau_same - 1, tau_same - tau_meas_same
     losing = [j for j, r in enumerate(rates) if r["reached"] >= MIN_REACHED and r["online"] < r["offline"] - STEP_DROP]

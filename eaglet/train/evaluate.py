@@ -31,8 +31,8 @@ def unroll(model: torch.nn.Module, inp: StepInputs, autocast: bool) -> tuple[tor
 @torch.no_grad()
 def score(feats: Featurizer, batches: Iterable[list[int]], forward: Callable[[StepInputs], tuple],
           steps: int, device: torch.device) -> torch.Tensor:
-    """Summed stats [steps, 3] (CE, correct, counted) over ``batches`` of ``feats``' source."""
-    total = torch.zeros(steps, 3, device=device, dtype=torch.float64)
+    """Summed stats [steps, 4] (``TTTLoss``'s columns) over ``batches`` of ``feats``' source."""
+    total = torch.zeros(steps, 4, device=device, dtype=torch.float64)
     for rows in batches:
         total += forward(feats(rows))[1].double()
     return total

@@ -18,14 +18,17 @@ from eaglet.train.ttt import predicted_accept_length
 
 
 def summarize(stats: torch.Tensor, decay: float) -> dict:
-    """stats [steps, 3] (CE sum, correct, count) -> loss, loss_j, acc_j, tau_pred, positions."""
-    ce, hit, n = stats.double().cpu().unbind(-1)
-    n = n.clamp(min=1)
-    loss_j, acc_j = (ce / n).tolist(), (hit / n).tolist()
+    """stats [steps, 4] (CE sum, correct, count, count with out-of-vocabulary labels) -> loss, loss_j, acc_j,
+    tau_pred (over draft-vocabulary labels), acc_all_j and tau_all (every assistant label), positions."""
+    ce, hit, n, n_all = stats.double().cpu().unbind(-1)
+    n, n_all = n.clamp(min=1), n_all.clamp(min=1)
+    loss_j, acc_j, acc_all = (ce / n).tolist(), (hit / n).tolist(), (hit / n_all).tolist()
     out = {"loss": sum(decay**j * v for j, v in enumerate(loss_j))}
     out.update({f"loss_{j}": round(v, 5) for j, v in enumerate(loss_j)})
     out.update({f"acc_{j}": round(v, 5) for j, v in enumerate(acc_j)})
     out["tau_pred"] = round(predicted_accept_length(acc_j), 4)
+    out.update({f"acc_all_{j}": round(v, 5) for j, v in enumerate(acc_all)})
+    out["tau_all"] = round(predicted_accept_length(acc_all), 4)
     out["positions"] = int(stats[0, 2])
     return out
 
@@ -85,7 +88,7 @@ def plot_accuracy(log_path: Path, png: Path, smooth: int = 50) -> None:
     val = [r for r in rows if r.get("split") == "val"]
     if not train and not val:
         return
-    keys = sorted((k for k in (train or val)[0] if k.startswith("acc_")), key=lambda k: int(k[4:]))
+    keys = sorted((k for k in (train or val)[0] if k[:4] == "acc_" and k[4:].isdigit()), key=lambda k: int(k[4:]))
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("viridis")
     for i, k in enumerate(keys):

@@ -234,7 +234,8 @@ class Trainer:
         if log is not None:
             log.write(row)
             accs = " ".join(f"acc_{j}={row[f'acc_{j}']:.3f}" for j in range(self.cfg.ttt_steps))
-            tqdm.write(f"eaglet: val step {self.step}: {accs} tau_pred={row['tau_pred']:.2f}", file=sys.stderr)
+            tqdm.write(f"eaglet: val step {self.step}: {accs} tau_pred={row['tau_pred']:.2f} "
+                       f"(all answer tokens: acc_0={row['acc_all_0']:.3f} tau={row['tau_all']:.2f})", file=sys.stderr)
         return row, time.perf_counter() - t0
 
     def _save(self, log: RunLog | None) -> None:

@@ -16,6 +16,9 @@ The loss is ``sum_j decay^j * CE_j`` (decay 0.8). ``acc_j`` is the fraction of u
 positions where the draft's argmax (mapped to target ids) equals the target's argmax at
 ``t+j+1``. Inputs are the data tokens (teacher forcing), so ``acc_j`` is conditioned on
 ground-truth tokens; with self-distilled greedy data those are the target's own choices.
+``acc_all_j`` counts the positions masked only for lying outside the draft vocabulary as misses
+(serving cannot propose those tokens), so it is what a verify sees; ``acc_j`` is the figure other
+EAGLE-3 trainers report.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class TTTLoss(nn.Module):
         """aux [B, T, k*H], emb [B, T, H] (target embeddings of ids), ids [B, T], mask [B, T] (assistant),
         target_logp [B, T, Vd] (target log-probs over the draft vocabulary), target_top [B, T] (target argmax).
 
-        Returns (loss, stats [steps, 3] = per step: sum of CE, correct argmaxes, counted positions).
+        Returns (loss, stats [steps, 4] = per step: sum of CE, correct argmaxes, counted positions, and the
+        assistant positions outside the draft vocabulary included: acc_all's denominator).
         """
         draft = self.draft
         label_ok = mask & draft.t2d[ids]  # [B, T]: token p may be a label
@@ -81,7 +85,8 @@ class TTTLoss(nn.Module):
             loss = loss + self.decay**j * ce.sum() / max(n, 1)
             with torch.no_grad():
                 hit = draft.to_target_ids(logits.argmax(-1)) == target_top[rows, cols + j + 1]
-                stats.append(torch.stack([ce.detach().sum(), hit.sum().float(), ce.new_tensor(float(n))]))
+                n_all = shift_left(mask, j + 2).sum().float()  # out-of-vocabulary labels count, as misses
+                stats.append(torch.stack([ce.detach().sum(), hit.sum().float(), ce.new_tensor(float(n)), n_all]))
         return loss, torch.stack(stats)
 
     def unroll(self, aux: torch.Tensor, emb: torch.Tensor) -> list[torch.Tensor]:

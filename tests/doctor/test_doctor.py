@@ -74,7 +74,7 @@ def test_a_correct_setup_passes_every_check(doctor_target_dir, trained_draft, do
     rep = json.loads(out.read_text())
     assert code == 0, text
     assert rep["ok"] and [c["status"] for c in rep["checks"]] == ["pass"] * 5 + ["skip"], text
-    assert "verdict: PASS" in text
+    assert "verdict: PASS" in text and "recorded at training (val, all answer tokens): acc_0" in text
     lines = text.splitlines()
     assert len(lines) <= 50 and max(len(x) for x in lines[3:]) <= 120, text  # one screen (lines 1-2 hold paths)
     parity = {r["name"]: r for r in rep["checks"][1]["evidence"]["rows"]}

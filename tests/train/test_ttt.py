@@ -79,17 +79,27 @@ def test_labels_masks_and_accuracy():
         outs = ttt.unroll(aux, emb)
     want_loss = 0.0
     for j in range(steps):
-        ce, hit, n = 0.0, 0, 0
+        ce, hit, n, n_all = 0.0, 0, 0, 0
         for bi in range(b):
             for t in range(t_len - j - 2):
                 x = int(ids[bi, t + j + 2])  # the token step j predicts at anchor t
+                n_all += bool(mask[bi, t + j + 2])  # an assistant label, in the draft vocabulary or not
                 if not (mask[bi, t + j + 2] and x % 2 == 0 and x < 40):
                     continue
                 logits = d.logits(outs[j][bi, t]).detach()
                 ce += float(-(target_logp[bi, t + j + 1].exp() * logits.log_softmax(-1)).sum())
                 hit += int(2 * int(logits.argmax()) == int(target_top[bi, t + j + 1]))
                 n += 1
-        assert int(stats[j, 2]) == n and int(stats[j, 1]) == hit
+        assert int(stats[j, 2]) == n and int(stats[j, 1]) == hit and int(stats[j, 3]) == n_all > n
         assert float(stats[j, 0]) == pytest.approx(ce, rel=1e-4)
         want_loss += 0.5**j * ce / max(n, 1)
     assert loss.item() == pytest.approx(want_loss, rel=1e-4)
+
+
+def test_accuracy_over_all_answer_tokens_counts_labels_outside_the_draft_vocabulary_as_misses():
+    from eaglet.train.report import summarize
+
+    stats = torch.tensor([[8.0, 6.0, 8.0, 10.0], [6.0, 3.0, 6.0, 9.0]])  # CE, hits, counted, all assistant labels
+    row = summarize(stats, decay=0.8)
+    assert (row["acc_0"], row["acc_1"]) == (0.75, 0.5) and (row["acc_all_0"], row["acc_all_1"]) == (0.6, 0.33333)
+    assert row["tau_pred"] == pytest.approx(1 + 0.75 + 0.375) and row["tau_all"] == pytest.approx(1 + 0.6 + 0.2)
