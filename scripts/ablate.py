@@ -18,6 +18,10 @@ a minute per variant). A dry run on the CPU: a small random target directory (Sm
 tokenizer), ``--device cpu --max-samples 24 --max-val-samples 40 --self-prompts 16
 --max-new-tokens 24 --regen-batch-size 16 --train-min 0.3``.
 
+``--final MIN`` then trains the records and options of the best variant so far (``macro_tau``: the
+predicted accept length averaged over the validation sources) from scratch for MIN minutes into
+``OUT/final`` (the shipped draft of 2026-12-01 is ``--final 7.5`` after four variants).
+
 Everything resumes: regeneration from its files, each variant from its checkpoint, each with
 what its budget has left (``clock.json``); a variant trained to its budget (``train.json``) is
 only scored again, a finished one (``OUT/<name>/result.json``) is not run again. Variants train on the regenerated file
@@ -125,9 +129,16 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
             "train_seconds": res["seconds_this_run"]}
 
 
+def macro_tau(row: dict) -> float:
+    """The predicted accept length averaged over the validation sources, each counting once: pooled, the
+    sources with the longest answers would decide (held-back chats held a third of the positions)."""
+    taus = [src.get("tau_all", src["tau_pred"]) for g, src in row["sources"].items() if g in GROUPS]
+    return sum(taus) / len(taus) if taus else row["val"]["tau_pred"]
+
+
 def best_variant(finished: dict[str, dict]) -> str:
-    """The finished variant whose draft validated best (predicted accept length); the first one on a tie."""
-    return max((n for n in finished if n in VARIANTS), key=lambda n: finished[n]["val"]["tau_pred"])
+    """The finished variant whose draft validated best (``macro_tau``); the first one on a tie."""
+    return max((n for n in finished if n in VARIANTS), key=lambda n: macro_tau(finished[n]))
 
 
 @contextmanager
@@ -158,15 +169,15 @@ def serve(args, draft: Path, out: Path) -> dict:
 
 def table(results: dict[str, dict], steps: int) -> str:
     accs = " | ".join(f"acc_{j}" for j in range(steps))
-    head = f"| variant | train records | steps | epochs | {accs} | tau_pred | tau_all | " + " | ".join(GROUPS) + \
-           " | serving bench | serving other |"
+    head = (f"| variant | train records | steps | epochs | {accs} | tau_pred | tau_all | macro | "
+            + " | ".join(GROUPS) + " | serving bench | serving other |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for name, r in results.items():
         val = r["val"]
         per = [r["sources"].get(g, {}).get("tau_pred", "") for g in GROUPS]
         lines.append(f"| {name} | {r['train_records']} | {r['steps']} | {r['epochs_done']:.2f} | "
                      + " | ".join(f"{val[f'acc_{j}']:.3f}" for j in range(steps)) + f" | {val['tau_pred']:.2f} | "
-                     + (f"{val['tau_all']:.2f}" if "tau_all" in val else "") + " | "
+                     + (f"{val['tau_all']:.2f}" if "tau_all" in val else "") + f" | {macro_tau(r):.2f} | "
                      + " | ".join(str(x) for x in per) + f" | {r.get('serve', {}).get('bench', '')} | "
                      f"{r.get('serve', {}).get('other', '')} |")
     return "\n".join(lines)
@@ -190,7 +201,7 @@ def main() -> None:
     p.add_argument("--regen-batch-size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=20, help="an upper bound; the time budget ends each run")
     p.add_argument("--final", type=float, default=0.0,
-                   help="then train the records and options of the best variant so far (validation tau_pred) "
+                   help="then train the records and options of the best variant so far (macro_tau) "
                         "for this many minutes into OUT/final")
     p.add_argument("--serve", type=int, default=0, help="prompts per serving measurement (0: none)")
     args = p.parse_args()

@@ -36,8 +36,13 @@ def test_variants_filter_training_records_and_keep_every_validation_record(tmp_p
         assert back["e1"].truncated and back["v1+2"].target_turns == 2 and back["v1"].answer_ids == (5,)
 
 
-def test_final_takes_the_best_validated_variant():
-    row = lambda tau: {"val": {"tau_pred": tau}}  # noqa: E731
-    assert ablate.best_variant({"base": row(1.79), "all": row(1.80), "all-norm": row(2.03), "final": row(4.5)}) \
-        == "all-norm"  # a final row (not a variant) is never its own template
-    assert ablate.best_variant({"sampled": row(1.7), "base": row(1.7)}) == "sampled"
+def test_final_takes_the_variant_best_over_the_sources_each_counted_once():
+    def row(pooled, *per_source):
+        return {"val": {"tau_pred": pooled}, "sources": {g: {"tau_pred": t} for g, t in zip(ablate.GROUPS, per_source)}}
+
+    chats_only = row(2.5, 1.0, 1.0, 6.0, 1.0, 1.0)  # long easy chats win the pooled number, nothing else
+    assert ablate.macro_tau(chats_only) == 2.0
+    rows = {"base": chats_only, "all": row(2.1, 2.2, 2.2, 2.2, 2.2, 2.2), "final": row(9.0, 9, 9, 9, 9, 9)}
+    assert ablate.best_variant(rows) == "all"  # a final row (not a variant) is never its own template
+    assert ablate.best_variant({"sampled": row(1.7, 1.5), "base": row(1.7, 1.5)}) == "sampled"
+    assert ablate.macro_tau({"val": {"tau_pred": 1.2}, "sources": {}}) == 1.2
