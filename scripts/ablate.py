@@ -36,8 +36,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +48,7 @@ from eaglet.data.prompts import Conversation, load_conversations, split_train_va
 from eaglet.draft.compat import load_draft_for  # noqa: E402
 from eaglet.errors import Interrupted  # noqa: E402
 from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
+from eaglet.train.budget import spent  # noqa: E402
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
@@ -139,17 +138,6 @@ def macro_tau(row: dict) -> float:
 def best_variant(finished: dict[str, dict]) -> str:
     """The finished variant whose draft validated best (``macro_tau``); the first one on a tie."""
     return max((n for n in finished if n in VARIANTS), key=lambda n: macro_tau(finished[n]))
-
-
-@contextmanager
-def spent(path: Path) -> Iterator[float]:
-    """Yields the seconds earlier (interrupted) commands spent on a stage; adds this command's, however it ends."""
-    before = json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
-    t0 = time.time()
-    try:
-        yield before
-    finally:
-        path.write_text(json.dumps({"seconds": before + time.time() - t0}))
 
 
 def serve(args, draft: Path, out: Path) -> dict:

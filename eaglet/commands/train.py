@@ -13,12 +13,23 @@ from eaglet.errors import EagletError
 from eaglet.options import TrainOptions
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
+from eaglet.train.budget import spent
+
+CLOCK = "clock.json"  # seconds earlier pieces of a budgeted run spent
 
 
 def run(opts: TrainOptions) -> int:
+    if not opts.time_budget_min:
+        return _run(opts, time.time())
+    # A budgeted run cut into pieces (Ctrl-C, a job's time limit) gets what the budget has left on rerun.
+    with spent(Path(opts.out) / CLOCK, keep=is_main_process()) as before:
+        return _run(opts, time.time() - before)
+
+
+def _run(opts: TrainOptions, start: float) -> int:
+    """``start``: where --time-budget-min counts from (loading the target included; earlier pieces too)."""
     from eaglet.train.dist import init_distributed
 
-    start = time.time()  # --time-budget-min covers loading the target too
     if tp_job(opts.tp, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
         if opts.regen is not None:
             raise EagletError(f"--regenerate does not run with --tp {opts.tp} yet; regenerate the answers with "

@@ -17,13 +17,16 @@ optimistic, the learning rate has still decayed by the clock (``trainer.lr_at``)
 When regeneration stopped on the budget, ``OUT/regenerated.done.json`` says so: a rerun
 of the same command (after an interruption) trains on the same data instead of
 regenerating more, so a run cut into pieces trains on what the uncut run would have.
+``OUT/clock.json`` (``spent``) holds the seconds the earlier pieces ran: a rerun gets what
+the budget has left, not the whole budget again.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,3 +72,17 @@ def regen_done(out: Path) -> dict | None:
         return json.loads((out / DONE_NAME).read_text())
     except (OSError, ValueError):
         return None
+
+
+@contextmanager
+def spent(path: Path, keep: bool = True) -> Iterator[float]:
+    """Yields the seconds earlier (interrupted) runs spent on a budgeted job; adds this run's, however it
+    ends, where its directory exists (a run refused before it made one leaves nothing behind).
+    ``keep=False`` only reads (ranks other than the one that writes)."""
+    before = json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
+    t0 = time.time()
+    try:
+        yield before
+    finally:
+        if keep and path.parent.is_dir():
+            write_atomic(path, json.dumps({"seconds": before + time.time() - t0}))

@@ -129,3 +129,34 @@ def _target(path):
     from tests.train.helpers import load_tiny
 
     return load_tiny(path)
+
+
+def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_target_dir, tmp_path, monkeypatch):
+    """`--time-budget-min` counts every piece of a run: a rerun after an interruption starts its clock where the
+    earlier pieces left it (OUT/clock.json), so the pieces together keep to the budget."""
+    import time
+
+    import eaglet.train.pipeline as pipeline
+    from eaglet.errors import Interrupted
+
+    elapsed = []
+
+    def fake_run_train(*args):
+        budget, start = args[9], args[11]
+        elapsed.append((budget, time.time() - start))
+        if len(elapsed) == 1:
+            time.sleep(0.5)
+            raise Interrupted("training stopped")
+        return {"config": {}, "steps": 0}
+
+    monkeypatch.setattr(pipeline, "run_train", fake_run_train)
+    src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages)} for p in prompts(4, seed=3)])
+    args = ["train", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src), "--out",
+            str(tmp_path / "run")]
+    (tmp_path / "run").mkdir()
+    assert main([*args, "--time-budget-min", "10"]) == 130
+    assert main([*args, "--time-budget-min", "10"]) == 0
+    (b1, first), (b2, second) = elapsed
+    assert b1 == b2 == 600 and first < 0.5 <= second  # the second piece counts the first one's half second
+    assert json.loads((tmp_path / "run" / "clock.json").read_text())["seconds"] >= second
+    assert main(args) == 0 and elapsed[2][1] < 0.5  # without a budget no clock is read
