@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eaglet.errors import EagletError
+from eaglet.train.budget import CLOCK_NAME
 
 # --- value types -------------------------------------------------------------------------------------------
 
@@ -297,7 +298,7 @@ def _train(args: Namespace) -> None:
         raise EagletError("--data builtin holds prompts only; add --regenerate to have the target answer them, "
                           "or pass a JSONL file with answers")
     inputs = input_files("--data", args.data)
-    out = output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors", "clock.json",
+    out = output_dir("--out", args.out, ours=("checkpoint", "train_log.jsonl", "tokens-train.safetensors", CLOCK_NAME,
                                               "regenerated.jsonl", "regenerated-0.jsonl", "draft",
                                               "regenerated.self-prompts.jsonl", "regenerated-0.self-prompts.jsonl"))
     if args.regenerate and any(_inside(p.parent, out) and p.name.startswith("regenerated") for p in inputs):

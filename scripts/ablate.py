@@ -48,7 +48,7 @@ from eaglet.data.prompts import Conversation, load_conversations, split_train_va
 from eaglet.draft.compat import load_draft_for  # noqa: E402
 from eaglet.errors import Interrupted  # noqa: E402
 from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
-from eaglet.train.budget import spent  # noqa: E402
+from eaglet.train.budget import CLOCK_NAME, spent  # noqa: E402
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
@@ -101,14 +101,15 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     run = out / name
     run.mkdir(exist_ok=True)
     kinds, options = VARIANTS[like or name]
-    n_train = write_variant(convs, kinds, out / f"data-{name}.jsonl")
+    data = str(out / f"data-{like or name}.jsonl")  # the final shares its template's records file
+    n_train = write_variant(convs, kinds, Path(data))
     cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
     trained = run / "train.json"
     if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
         res = json.loads(trained.read_text())
     else:
         # The training device is the target's (DistInfo's default is the CPU).
-        dist, data = DistInfo(device=torch.device(args.device)), str(out / f"data-{name}.jsonl")
+        dist = DistInfo(device=torch.device(args.device))
         # Tokenized outside the budget (run_train finds the cache): ~40k records take tens of seconds,
         # which would leave the larger variants less training time than the smaller ones.
         max_len = cfg.seq_len(target.config.max_position_embeddings)
@@ -117,7 +118,7 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
             if part:
                 tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
         # A resumed variant (Ctrl-C) gets what its budget has left: every variant trains --train-min in all.
-        with spent(run / "clock.json") as used:
+        with spent(run / CLOCK_NAME) as used:
             res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * minutes - used))
         trained.write_text(json.dumps(res))
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
@@ -211,7 +212,7 @@ def main() -> None:
     t0 = time.time()
     regen_dir = out / "data"
     regen_dir.mkdir(exist_ok=True)
-    with spent(regen_dir / "clock.json") as used:  # an interrupted regeneration resumes with what --regen-min has left
+    with spent(regen_dir / CLOCK_NAME) as used:  # an interrupted regeneration resumes with what --regen-min has left
         deadline = t0 + 60 * args.regen_min - used
         data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
     convs = [c for c in load_conversations(data) if c.has_answer]

@@ -13,16 +13,14 @@ from eaglet.errors import EagletError
 from eaglet.options import TrainOptions
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
-from eaglet.train.budget import spent
-
-CLOCK = "clock.json"  # seconds earlier pieces of a budgeted run spent
+from eaglet.train.budget import CLOCK_NAME, spent
 
 
 def run(opts: TrainOptions) -> int:
     if not opts.time_budget_min:
         return _run(opts, time.time())
     # A budgeted run cut into pieces (Ctrl-C, a job's time limit) gets what the budget has left on rerun.
-    with spent(Path(opts.out) / CLOCK, keep=is_main_process()) as before:
+    with spent(Path(opts.out) / CLOCK_NAME, keep=is_main_process()) as before:
         return _run(opts, time.time() - before)
 
 

@@ -35,6 +35,7 @@ from eaglet.doctor.report import FAIL, WARN, Check
 from eaglet.doctor.samples import anchors, hit_grids
 from eaglet.doctor.serving import ServingRun
 from eaglet.train.inputs import StepInputs
+from eaglet.train.report import acc_keys
 from eaglet.train.ttt import predicted_accept_length
 
 TITLE = "offline vs online"
@@ -102,7 +103,7 @@ def check_online(draft, aux: torch.Tensor, inp: StepInputs, run: ServingRun, ste
     chk.lines.append(f"{'verifies reaching it':26}" + "".join(f"{r['reached']:7d}" for r in rates))
     chk.lines.append(f"same accept length offline and online: {agree:.1%} of {len(pairs)} verifies")
     if recorded:
-        keys = sorted((k for k in recorded if k[:4] == "acc_" and k[4:].isdigit()), key=lambda k: int(k[4:]))
+        keys = acc_keys(recorded)
         chk.lines.append(f"recorded at training (val, draft-vocabulary tokens only): acc "
                          f"{' '.join(f'{recorded[k]:.3f}' for k in keys)}, tau_pred "
                          f"{recorded.get('tau_pred', float('nan')):.2f}")

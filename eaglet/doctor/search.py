@@ -98,6 +98,8 @@ def check_search(draft, inp: StepInputs, captured: tuple[int, ...], hidden: int,
                      "ce_lead": lead, "z": lead / se if se > 0 else 0.0})
     ref = rows[0]
     best = max(rows[1:], key=lambda r: r["z"], default=None)
+    # Below FLOOR no set predicts the target, so a lower loss alone does not convict the declared points.
+    untrained = max(r["acc_0"] for r in rows) < FLOOR
     chk.evidence = {"anchors": n, "sets": rows, "margin": MARGIN, "z": Z}
     chk.lines.append(f"{'set':18} {'eaglet points':15} {'SGLang ids':15} {'acc_0':>6} {'loss':>7} {'lower by':>8} "
                      f"{'z':>6}")
@@ -108,14 +110,12 @@ def check_search(draft, inp: StepInputs, captured: tuple[int, ...], hidden: int,
         which = f"points {best['points']} (SGLang ids {best['sglang_ids']}; {best['label']})"
         numbers = (f"loss {best['ce']:.3f} vs {ref['ce']:.3f} (z={best['z']:.1f}), step-0 accuracy "
                    f"{best['acc_0']:.3f} vs {ref['acc_0']:.3f}, {n} anchors")
-        # Below FLOOR no set predicts the target, so a lower loss alone does not convict the declared points.
-        untrained = max(r["acc_0"] for r in rows) < FLOOR
         if best["ce_lead"] >= MARGIN * ref["ce"] and best["z"] >= Z and best["acc_0"] >= ref["acc_0"] and not untrained:
             chk.flag(FAIL, f"the draft reads {which}, not the {ref_label} {ref['points']}: {numbers}")
         elif best["z"] >= WARN_Z:
             chk.flag(WARN, f"{which} predict the target a little better than the {ref_label} {ref['points']}: "
                            f"{numbers}")
-    if max(r["acc_0"] for r in rows) < FLOOR:
+    if untrained:
         chk.flag(WARN, f"every set scores below {FLOOR} step-0 accuracy: the draft is untrained or was trained "
                        "for another target, and the search cannot tell the sets apart")
     if chk.status == FAIL:

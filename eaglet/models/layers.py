@@ -97,7 +97,7 @@ def _packed(w: torch.Tensor) -> torch.Tensor | None:
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, through oneDNN's packed weight where ``pack_linears`` marked it (CPU, float32, no grads)."""
-    if not torch.compiler.is_compiling() and x.is_cpu and x.dtype == torch.float32 and not (
+    if x.is_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
             x.requires_grad and torch.is_grad_enabled()):
         packed = _packed(weight)
         if packed is not None:

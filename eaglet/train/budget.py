@@ -35,6 +35,7 @@ from eaglet.outputs import write_atomic
 PADDING = 1.125  # padded / real training tokens, length-bucketed batches (shipped SmolLM2 run)
 H200_SMOLLM2_TRAIN_TOKENS_PER_S = 134_000.0  # padded tokens per second, 7 TTT steps, bf16 (shipped run)
 DONE_NAME = "regenerated.done.json"
+CLOCK_NAME = "clock.json"  # seconds the earlier pieces of a budgeted run spent (``spent``)
 
 
 @dataclass(frozen=True)

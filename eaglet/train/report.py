@@ -17,6 +17,11 @@ from eaglet.outputs import atomic_file, write_atomic
 from eaglet.train.ttt import predicted_accept_length
 
 
+def acc_keys(row: dict) -> list[str]:
+    """acc_0, acc_1, ... of a summarized row, in step order (not acc_all_j)."""
+    return sorted((k for k in row if k[:4] == "acc_" and k[4:].isdigit()), key=lambda k: int(k[4:]))
+
+
 def summarize(stats: torch.Tensor, decay: float) -> dict:
     """stats [steps, 4] (CE sum, correct, count, count with out-of-vocabulary labels) -> loss, loss_j, acc_j,
     tau_pred (over draft-vocabulary labels), acc_all_j and tau_all (every assistant label), positions."""
@@ -88,7 +93,7 @@ def plot_accuracy(log_path: Path, png: Path, smooth: int = 50) -> None:
     val = [r for r in rows if r.get("split") == "val"]
     if not train and not val:
         return
-    keys = sorted((k for k in (train or val)[0] if k[:4] == "acc_" and k[4:].isdigit()), key=lambda k: int(k[4:]))
+    keys = acc_keys((train or val)[0])
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("viridis")
     for i, k in enumerate(keys):

@@ -13,10 +13,9 @@ import pytest
 import torch
 
 import eaglet.data.sources as sources
-from eaglet.generate import PlainGenerator
 from eaglet.loading import load_target
 from eaglet.options import RegenConfig
-from tests.train.helpers import answers_end_after, make_tiny_target_dir, prompts
+from tests.train.helpers import answers_end_after, count_generators, make_tiny_target_dir, prompts, stages_apart
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -25,21 +24,13 @@ def test_one_graphed_batch_serves_every_stage_and_writes_what_stages_apart_write
     path = make_tiny_target_dir(tmp_path / "target", head_dim=64)
     target = load_target(str(path), dtype=torch.float32, device="cuda")
     answers_end_after(monkeypatch, 6)
-    built = []
-
-    class Counted(PlainGenerator):
-        def __init__(self, *args, **kwargs):
-            built.append(self)
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr("eaglet.data.refill.PlainGenerator", Counted)
+    built, _ = count_generators(monkeypatch)
     ps = [p.__class__(p.id, p.messages, "val" if i < 3 else "train", "src") for i, p in enumerate(prompts(11, seed=7))]
     rc = RegenConfig(batch_size=8, max_new_tokens=10, answers=(0.0, 1.0))
     stats = sources.answer_sources(target, ps, tmp_path / "one.jsonl", rc, progress=False)
     assert sum(s.written > 0 for s in stats) == 3  # validation, training, sampled
     assert len(built) == 1 and built[0].use_graphs
-    apart = sources.regenerate
-    monkeypatch.setattr(sources, "regenerate", lambda *args, refill=None, **kwargs: apart(*args, **kwargs))
+    stages_apart(monkeypatch)
     sources.answer_sources(target, ps, tmp_path / "apart.jsonl", rc, progress=False)
     assert len(built) > 1  # each stage built its own
     assert (tmp_path / "one.jsonl").read_bytes() == (tmp_path / "apart.jsonl").read_bytes()

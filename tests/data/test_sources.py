@@ -25,7 +25,7 @@ from eaglet.generate import Completion, PlainGenerator
 from eaglet.options import RegenConfig
 from eaglet.sampling import SamplingParams
 from tests.conftest import smollm2_gguf
-from tests.train.helpers import answers_end_after, prompts, tiny_tokenizer
+from tests.train.helpers import answers_end_after, count_generators, prompts, stages_apart, tiny_tokenizer
 
 PARAMS = SamplingParams(max_new_tokens=10, seed=3)
 
@@ -158,22 +158,9 @@ def test_every_stage_of_a_run_shares_one_generator_and_writes_what_stages_apart_
                                                                                        monkeypatch):
     """On CUDA a generator compiles and captures its decode chunk per batch size: a generator a stage (its KV
     capacity from the stage's longest prompt) made each stage of a run compile again."""
-    import eaglet.data.sources as sources
-
     monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: _Writer(target))
     answers_end_after(monkeypatch, 5)
-    built, batches = [], []
-
-    class Counted(PlainGenerator):
-        def __init__(self, *args, **kwargs):
-            built.append(self)
-            super().__init__(*args, **kwargs)
-
-        def session(self, batch, *args, **kwargs):
-            batches.append(batch)
-            return super().session(batch, *args, **kwargs)
-
-    monkeypatch.setattr("eaglet.data.refill.PlainGenerator", Counted)
+    built, batches = count_generators(monkeypatch)
     ps = [p.__class__(p.id, p.messages, "val" if i < 2 else "train", f"src{i % 3}")
           for i, p in enumerate(prompts(9, seed=25))]
     rc = RegenConfig(batch_size=4, max_new_tokens=8, answers=(0.0, 0.7, 1.0), self_prompts=2, follow_ups=1.0)
@@ -182,8 +169,7 @@ def test_every_stage_of_a_run_shares_one_generator_and_writes_what_stages_apart_
     assert sum(s.written > 0 for s in stats) == 5  # validation, training, both second turns, sampled
     assert len(built) == 1 and len(batches) == len(set(batches))  # on CPU a stage of two rows runs two
     # Each stage with a generator and session of its own, as before: the same records, byte for byte.
-    apart = sources.regenerate
-    monkeypatch.setattr(sources, "regenerate", lambda *args, refill=None, **kwargs: apart(*args, **kwargs))
+    stages_apart(monkeypatch)
     _Writer.texts = []
     answer_sources(tiny_target, ps, tmp_path / "apart.jsonl", rc, progress=False)
     assert len(built) > 2  # one a stage

@@ -120,3 +120,30 @@ def answers_end_after(monkeypatch, n: int) -> None:
         return keep if keep is not None or len(tokens) < n else len(tokens)
 
     monkeypatch.setattr(StopChecker, "check", check)
+
+
+def count_generators(monkeypatch) -> tuple[list, list[int]]:
+    """Record each generator regeneration builds and each session batch it opens: (generators, batches)."""
+    from eaglet.generate import PlainGenerator
+
+    built, batches = [], []
+
+    class Counted(PlainGenerator):
+        def __init__(self, *args, **kwargs):
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
+        def session(self, batch, *args, **kwargs):
+            batches.append(batch)
+            return super().session(batch, *args, **kwargs)
+
+    monkeypatch.setattr("eaglet.data.refill.PlainGenerator", Counted)
+    return built, batches
+
+
+def stages_apart(monkeypatch) -> None:
+    """Every stage of ``answer_sources`` builds its own generator, as before runs shared one."""
+    import eaglet.data.sources as sources
+
+    apart = sources.regenerate
+    monkeypatch.setattr(sources, "regenerate", lambda *args, refill=None, **kwargs: apart(*args, **kwargs))
