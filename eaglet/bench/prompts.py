@@ -31,7 +31,7 @@ def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
     if not path.is_file():
         raise EagletError(f"--prompts {spec}: no such file")
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):  # not splitlines: see whole_records
         if not line.strip():
             continue
         try:

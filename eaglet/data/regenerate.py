@@ -146,7 +146,9 @@ def whole_records(path: Path) -> list[dict]:
             note(f"dropped a partial last line of {path} (an interrupted write)")
         cut = len(data) if whole else cut
     out = []
-    for line in data[:cut].decode("utf-8").splitlines():
+    # Split on "\n" alone: str.splitlines() also breaks at U+2028, U+0085 and the like, which json.dumps
+    # leaves unescaped with ensure_ascii=False, so a record holding one would be lost.
+    for line in data[:cut].decode("utf-8").split("\n"):
         try:
             rec = json.loads(line)
         except ValueError:

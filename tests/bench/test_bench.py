@@ -71,6 +71,9 @@ def test_bad_prompt_lines(tmp_path):
     with pytest.raises(EagletError, match=r"bad.jsonl:2:"):
         load_prompts(str(bad))
     assert len(load_prompts("builtin", limit=5)) == 5
+    odd = tmp_path / "odd.jsonl"  # JSON leaves U+2028 unescaped when written with ensure_ascii=False
+    odd.write_text(json.dumps({"prompt": "a\u2028b"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert [p.messages[-1]["content"] for p in load_prompts(str(odd))] == ["a\u2028b"]
 
 
 def test_acceptance_by_position():

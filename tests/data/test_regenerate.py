@@ -83,6 +83,19 @@ def test_a_whole_last_line_without_newline_is_kept_and_a_prompt_alone_is_not_don
     assert sorted(answered) == sorted(p.id for p in ps) and len(set(answered)) == len(answered)
 
 
+def test_an_answer_holding_unicode_line_separators_counts_as_done(tiny_target, tmp_path):
+    # Records are written with ensure_ascii=False, which leaves U+2028 and U+0085 unescaped; a reader that
+    # split at them (str.splitlines) lost those records and answered their prompts again on every resume.
+    ps = prompts(3, seed=5)
+    out = tmp_path / "r.jsonl"
+    regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False)
+    recs = [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line]
+    recs[1]["messages"][-1]["content"] = "one\u2028two\x85three"
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
+    again = regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False)
+    assert again.done_before == 3 and again.written == 0
+
+
 def test_other_settings_are_refused_and_restart_starts_over(tiny_target, tmp_path):
     ps = prompts(3, seed=6)
     out = tmp_path / "r.jsonl"
