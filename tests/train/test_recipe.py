@@ -77,10 +77,10 @@ def test_feature_noise_changes_training_not_validation(tiny_target, tmp_path):
 def test_budget_split_rule():
     split = BudgetSplit(budget_s=1200, epochs=4, train_tokens_per_s=100_000)
     assert split.reserve_s == 120
-    # 10M tokens x 4 epochs x 1.125 padding at 100k/s = 450 s of training.
-    assert split.train_seconds(10_000_000) == pytest.approx(450)
-    assert not split.regen_should_stop(600, 10_000_000)  # 600 + 120 + 450 < 1200
-    assert split.regen_should_stop(640, 10_000_000)  # 640 + 120 + 450 >= 1200
+    # 10M tokens x 4 epochs x 1.08 padding at 100k/s = 432 s of training.
+    assert split.train_seconds(10_000_000) == pytest.approx(432)
+    assert not split.regen_should_stop(640, 10_000_000)  # 640 + 120 + 432 < 1200
+    assert split.regen_should_stop(650, 10_000_000)  # 650 + 120 + 432 >= 1200
     assert split.regen_should_stop(0, 30_000_000)  # the data so far already fills the budget
     explicit = BudgetSplit(budget_s=1200, epochs=4, regen_budget_s=300)
     assert not explicit.regen_should_stop(299, 10**9) and explicit.regen_should_stop(300, 0)
