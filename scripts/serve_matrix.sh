@@ -9,7 +9,9 @@
 # Env: PROMPTS (default builtin), N requests per run (64), MAX_NEW tokens (256), LEVELS of
 # concurrency ("1 16 64"), SIZES the server's batch sizes (1,16,64: each builds its own graphs,
 # all before the server listens), PORT (8123), SERVE_ARGS (extra serve options),
-# RUN_TIMEOUT seconds per bench run (300).
+# RUN_TIMEOUT seconds per bench run (300), DRAFTS the servers to run ("default none"), OFFLINE=0 to skip
+# the offline bench. A machine that limits each command's time runs it in pieces into one OUTDIR
+# (DRAFTS=default OFFLINE=0, then DRAFTS=none OFFLINE=0, then DRAFTS= ); the last prints the whole table.
 set -u
 target=${1:-smollm2-135m}
 out=${2:-runs/serve}
@@ -34,7 +36,7 @@ sys.exit(1)
 EOF
 }
 
-for draft in default none; do
+for draft in ${DRAFTS-default none}; do
   echo "== serve --draft $draft"
   # shellcheck disable=SC2086
   python3 -m eaglet.cli serve --target "$target" --draft "$draft" --port "$port" --batch-sizes "${SIZES:-1,16,64}" \
@@ -54,10 +56,12 @@ for draft in default none; do
   grep -i "tree\|switch" "$out/serve-$draft.log" | tail -n 12
 done
 
-echo "== offline bench, batch 1"
-timeout "${RUN_TIMEOUT:-300}" python3 -m eaglet.cli bench --target "$target" --prompts "$prompts" --limit "$n" \
-  --max-new-tokens "$max_new" --batch-size 1 --methods plain,spec --out "$out/offline" >"$out/offline.log" 2>&1
-echo "exit $?"
+if [ "${OFFLINE:-1}" = 1 ]; then
+  echo "== offline bench, batch 1"
+  timeout "${RUN_TIMEOUT:-300}" python3 -m eaglet.cli bench --target "$target" --prompts "$prompts" --limit "$n" \
+    --max-new-tokens "$max_new" --batch-size 1 --methods plain,spec --out "$out/offline" >"$out/offline.log" 2>&1
+  echo "exit $?"
+fi
 
 python3 - "$out" ${LEVELS:-1 16 64} <<'EOF'
 import json, sys
