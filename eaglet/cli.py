@@ -146,8 +146,11 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--draft", default=options.BenchConfig.draft,
                    help="'default' (the target's shipped draft) or a draft directory")
     b.add_argument("--prompts", default=options.BenchConfig.prompts,
-                   help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts)")
-    b.add_argument("--limit", type=integer(1), default=None, help="use only the first N prompts (default: all)")
+                   help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts); "
+                        "several sets comma-separated (builtin,other.jsonl): each is batched on its own and "
+                        "reported on its own too")
+    b.add_argument("--limit", type=integer(1), default=None,
+                   help="use only the first N prompts of each set (default: all)")
     _add_sampling(b, options.BenchConfig.sampling)
     b.add_argument("--batch-size", type=integer(1), default=options.BenchConfig.batch_size,
                    help="prompts decoded together (ours and hf)")

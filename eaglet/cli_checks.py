@@ -253,8 +253,7 @@ def _generate(args: Namespace) -> None:
 
 
 def _bench(args: Namespace) -> None:
-    if args.prompts != "builtin":
-        input_files("--prompts", args.prompts, builtin=False)
+    input_files("--prompts", args.prompts)  # one set or several, 'builtin' among them
     output_dir("--out", args.out, ours=("report.json",))
     if args.endpoint:  # a running server is measured: no model of ours is loaded
         return

@@ -232,11 +232,11 @@ class BenchConfig:
     out: str
     target: TargetOptions = TargetOptions()
     draft: str = "default"
-    prompts: str = "builtin"  # a JSONL file, or the built-in bench prompts
+    prompts: str = "builtin"  # a JSONL file, the built-in bench prompts, or several sets comma-separated
     methods: tuple[str, ...] = BENCH_METHODS
     sampling: SamplingParams = SamplingParams(seed=0)
     batch_size: int = 1
-    limit: int | None = None  # the first N prompts
+    limit: int | None = None  # the first N prompts of each set
     engine: EngineOptions = EngineOptions()
     tp: int = 1
 

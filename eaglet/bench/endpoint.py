@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from eaglet.bench.prompts import load_prompts
+from eaglet.bench.prompts import load_prompt_sets
 from eaglet.bench.report import save_png, write_json
 from eaglet.openai_client import api_base, served_model
 from eaglet.options import EndpointBenchConfig
@@ -138,7 +138,7 @@ def _png(results: list[Result], summary: dict, out: Path) -> Path:
 
 
 def run_endpoint_bench(cfg: EndpointBenchConfig) -> dict:
-    conversations = [p.messages for p in load_prompts(cfg.prompts, cfg.limit)]
+    conversations = [p.messages for p in load_prompt_sets(cfg.prompts, cfg.limit)]
     base = api_base(cfg.endpoint)
     print(f"eaglet: {len(conversations)} requests to {base} (concurrency {cfg.concurrency or 'unlimited'}, "
           f"rate {cfg.request_rate or 'unlimited'}/s)", file=sys.stderr)

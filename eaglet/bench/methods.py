@@ -36,8 +36,10 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_ours(generator, prompts: list[list[int]], params: SamplingParams, batch_size: int) -> list[Run]:
-    """PlainGenerator or SpecEngine over ``prompts`` in batches."""
+def run_ours(generator, prompts: list[list[int]], params: SamplingParams, batch_size: int,
+             start: int = 0) -> list[Run]:
+    """PlainGenerator or SpecEngine over ``prompts`` in batches; ``start``: the index of ``prompts[0]`` in the
+    whole run (a batch is known by its first prompt's index)."""
     runs = []
     for i in range(0, len(prompts), batch_size):
         batch = prompts[i: i + batch_size]
@@ -46,7 +48,7 @@ def run_ours(generator, prompts: list[list[int]], params: SamplingParams, batch_
         out = generator.generate(batch, params)
         _sync(generator.device)
         dt = time.perf_counter() - t0
-        runs += _apportion([Run(c.tokens, dt, c.finish_reason, list(c.accept_lengths)) for c in out], i)
+        runs += _apportion([Run(c.tokens, dt, c.finish_reason, list(c.accept_lengths)) for c in out], start + i)
     return runs
 
 
@@ -83,7 +85,8 @@ class HFRunner:
         return kw
 
     @torch.inference_mode()
-    def run(self, prompts: list[list[int]], params: SamplingParams, batch_size: int, lookup: bool) -> list[Run]:
+    def run(self, prompts: list[list[int]], params: SamplingParams, batch_size: int, lookup: bool,
+            start: int = 0) -> list[Run]:
         if lookup:
             batch_size = 1
         kw = self._kwargs(params, lookup)
@@ -97,7 +100,7 @@ class HFRunner:
                 ids[j, t - len(p):] = torch.tensor(p)
                 mask[j, t - len(p):] = 1
             if params.seed is not None:
-                torch.manual_seed(params.seed + i)
+                torch.manual_seed(params.seed + start + i)
             _sync(self.device)
             t0 = time.perf_counter()
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kw)
@@ -107,5 +110,5 @@ class HFRunner:
             for row in out[:, t:].tolist():
                 cut = next((k for k, x in enumerate(row) if x in self.eos), None)
                 done.append(Run(row if cut is None else row[:cut], dt, "length" if cut is None else "stop"))
-            runs += _apportion(done, i)
+            runs += _apportion(done, start + i)
         return runs

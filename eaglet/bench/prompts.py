@@ -18,6 +18,7 @@ class BenchPrompt:
     messages: list[dict]
     meta: dict = field(default_factory=dict)  # every other key of the line (category, source, id, ...)
     ids: list[int] = field(default_factory=list)
+    set: str | None = None  # the prompt set it came from (``load_prompt_sets``)
 
     @property
     def category(self) -> str | None:
@@ -46,4 +47,20 @@ def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
             break
     if not out:
         raise EagletError(f"{path} holds no prompts")
+    return out
+
+
+def load_prompt_sets(spec: str, limit: int | None = None) -> list[BenchPrompt]:
+    """One prompt set or several, comma-separated (``builtin,other.jsonl``), each limited to ``limit`` and
+    named (``builtin`` or the file's stem; the path as given where stems repeat)."""
+    parts = [x for x in spec.split(",") if x]
+    if len(set(parts)) < len(parts):
+        raise EagletError(f"--prompts {spec}: a prompt set is named twice")
+    stems = [x if x == "builtin" else Path(x).stem for x in parts]
+    names = stems if len(set(stems)) == len(stems) else parts
+    out = []
+    for part, name in zip(parts, names):
+        for p in load_prompts(part, limit):
+            p.set = name
+            out.append(p)
     return out

@@ -65,6 +65,16 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
                 "all": all(a.tokens == b.tokens for a, b in zip(r, runs["plain"]))}
             for m, r in runs.items() if m != "plain"
         }
+    sets = list(dict.fromkeys(p.set for p in prompts if p.set is not None))
+    if len(sets) > 1:  # each set is batched on its own (bench/run.py), so its batches' wall times are its own
+        report["by_set"] = {}
+        for name in sets:
+            idx = [i for i, p in enumerate(prompts) if p.set == name]
+            per = {m: summarize([r[i] for i in idx]) for m, r in runs.items()}
+            report["by_set"][name] = {"methods": per, "speedup": speedups(per)}
+            if "identical_to_plain" in report:
+                report["by_set"][name]["identical_to_plain"] = {
+                    m: sum(runs[m][i].tokens == runs["plain"][i].tokens for i in idx) for m in runs if m != "plain"}
     cats = sorted({p.category for p in prompts if p.category is not None})
     if cats:
         report["by_category"] = {}
@@ -74,7 +84,8 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
             report["by_category"][c] = {"methods": per, "speedup": speedups(per)}
     rows = []
     for i, p in enumerate(prompts):
-        row = {"index": i, **p.meta, "prompt_tokens": len(p.ids), "methods": {}}
+        row = {"index": i, **p.meta, **({"set": p.set} if p.set else {}), "prompt_tokens": len(p.ids),
+               "methods": {}}
         for m, r in runs.items():
             x = r[i]
             row["methods"][m] = {
@@ -169,4 +180,9 @@ def table(report: dict) -> str:
         lines.append(f"{m:<10} {tps:>9.2f} {s['median_prompt_tokens_per_s'] or 0:>9.2f} {acc:>7} {rel:>9} {same:>10}")
     for k, v in report["speedup"].items():
         lines.append(f"  {k.replace('_', ' ')}: {v:.2f}x")
+    for name, got in report.get("by_set", {}).items():
+        acc = (got["methods"].get("spec") or {}).get("accept_length")
+        ratios = ", ".join(f"{k.replace('_', ' ')} {v:.2f}x" for k, v in got["speedup"].items())
+        lines.append(f"  set {name} ({next(iter(got['methods'].values()))['prompts']} prompts): {ratios or '-'}"
+                     + (f", accept {acc:.2f}" if acc else ""))
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from eaglet.bench.methods import HFRunner, Run, run_ours
-from eaglet.bench.prompts import load_prompts
+from eaglet.bench.prompts import load_prompt_sets
 from eaglet.bench.report import build_report, table, write_json, write_png
 from eaglet.errors import EagletError
 from eaglet.options import BenchConfig, SamplingParams
@@ -57,7 +57,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
 
     out = Path(cfg.out)
     params, t = cfg.sampling, cfg.target
-    prompts = load_prompts(cfg.prompts, cfg.limit)
+    prompts = load_prompt_sets(cfg.prompts, cfg.limit)
     if target is None:
         _log(f"loading {t.target} on {t.device} ({t.dtype})")
         target = load_target(t.target, dtype=t.torch_dtype, device=t.device)
@@ -91,10 +91,19 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         generators["spec"] = spec_engine(target, draft_path, t.max_context, cfg.engine, log)
     hf = HFRunner(target, t.torch_dtype, t.device) if {"hf", "hf-lookup"} & set(cfg.methods) else None
 
-    def run(method: str, batch: list[list[int]], p: SamplingParams) -> list[Run]:
-        if method in generators:
-            return run_ours(generators[method], batch, p, cfg.batch_size)
-        return hf.run(batch, p, cfg.batch_size, lookup=method == "hf-lookup")
+    # Each prompt set is batched on its own, so a batch's wall time belongs to one set and every set's
+    # numbers are exact, not apportioned.
+    spans = set_spans([p.set for p in prompts])
+
+    def run(method: str, batch: list[list[int]], p: SamplingParams,
+            parts: list[tuple[int, int]] | None = None) -> list[Run]:
+        out = []
+        for lo, hi in parts or [(0, len(batch))]:
+            if method in generators:
+                out += run_ours(generators[method], batch[lo:hi], p, cfg.batch_size, lo)
+            else:
+                out += hf.run(batch[lo:hi], p, cfg.batch_size, lookup=method == "hf-lookup", start=lo)
+        return out
 
     load_before = _load()
     runs: dict[str, list[Run]] = {}
@@ -106,8 +115,8 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         if m in generators:
             policy = getattr(generators[m], "policy", None)
             with policy.paused() if policy else contextlib.nullcontext():
-                run(m, ids, shapes)
-        runs[m] = run(m, ids, params)
+                run(m, ids, shapes, spans)
+        runs[m] = run(m, ids, params, spans)
         tokens = sum(len(r.tokens) for r in runs[m])
         seconds = sum({r.batch: r.seconds for r in runs[m]}.values())
         log_(f"{m}: {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.2f} tok/s)")
@@ -115,7 +124,8 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
     config = {
         "target": t.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
-        "prompts": cfg.prompts, "num_prompts": len(ids), "methods": list(cfg.methods),
+        "prompts": cfg.prompts, "num_prompts": len(ids), "prompt_sets": _set_sizes(prompts),
+        "methods": list(cfg.methods),
         "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
         "top_k": params.top_k, "seed": params.seed, "batch_size": cfg.batch_size, "device": t.device, "tp": tp.size,
         "dtype": t.dtype, "tree_flags": list(cfg.engine.tree_flags), "spec_decisions": decisions,
@@ -135,6 +145,19 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     print(table(report))
     print(f"report: {out / 'report.json'}, {out / 'report.png'}")
     return report
+
+
+def set_spans(sets: list[str | None]) -> list[tuple[int, int]]:
+    """[start, end) of each run of equal set names (``load_prompt_sets`` keeps each set together)."""
+    starts = [i for i in range(len(sets)) if i == 0 or sets[i] != sets[i - 1]]
+    return list(zip(starts, starts[1:] + [len(sets)]))
+
+
+def _set_sizes(prompts) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for p in prompts:
+        sizes[p.set] = sizes.get(p.set, 0) + 1
+    return sizes
 
 
 def _version(pkg: str) -> str | None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eaglet.bench.prompts import load_prompts
+from eaglet.bench.prompts import load_prompt_sets, load_prompts
 from eaglet.bench.report import acceptance_by_position
 from eaglet.cli import main
 from eaglet.errors import EagletError
@@ -45,6 +45,36 @@ def test_bench_all_methods(chat_model_dir, draft_dir, prompts_file, tmp_path, ca
     assert report["config"]["hf_lookup_batch_size"] == 1
     printed = capsys.readouterr().out
     assert "spec over plain" in printed and "method" in printed
+
+
+def test_prompt_sets_are_batched_and_reported_each_on_its_own(chat_model_dir, draft_dir, prompts_file, tmp_path,
+                                                              capsys):
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"prompt": f"count to {n}", "category": "math"}) + "\n" for n in (3, 5)))
+    out = tmp_path / "out"
+    # Batch 2 over sets of 3 and 2 prompts: one set alone would batch (0,1), (2,3), (4); per set it is
+    # (0,1), (2) and (3,4), so no batch mixes the sets.
+    assert main(["bench", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--methods", "plain,spec",
+                 "--prompts", f"{prompts_file},{other}", "--max-new-tokens", "6", "--batch-size", "2",
+                 "--num-steps", "2", "--topk", "2", "--num-draft-tokens", "4", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["prompt_sets"] == {"prompts": 3, "other": 2}
+    assert [p["set"] for p in report["prompts"]] == ["prompts"] * 3 + ["other"] * 2
+    by_set = report["by_set"]
+    for m in ("plain", "spec"):
+        seconds = [p["methods"][m]["seconds"] for p in report["prompts"]]  # each prompt carries its batch's
+        assert seconds[0] == seconds[1] and seconds[3] == seconds[4]
+        assert by_set["prompts"]["methods"][m]["seconds"] == pytest.approx(seconds[0] + seconds[2], abs=1e-3)
+        assert by_set["other"]["methods"][m]["seconds"] == pytest.approx(seconds[3], abs=1e-3)
+        assert sum(s["methods"][m]["tokens"] for s in by_set.values()) == report["methods"][m]["tokens"]
+    assert by_set["other"]["identical_to_plain"]["spec"] == 2  # float32 greedy
+    assert "spec_over_plain" in by_set["prompts"]["speedup"]
+    printed = capsys.readouterr().out
+    assert "set prompts (3 prompts): spec over plain" in printed and "set other (2 prompts)" in printed
+    # --limit counts per set; a set named twice is refused.
+    assert len(load_prompt_sets(f"{prompts_file},{other}", limit=1)) == 2
+    with pytest.raises(EagletError, match="named twice"):
+        load_prompt_sets(f"{other},{other}")
 
 
 def test_bench_plain_and_hf_only(chat_model_dir, prompts_file, tmp_path):
@@ -137,11 +167,11 @@ def test_every_prompt_shape_is_warm_before_timing(chat_model_dir, draft_dir, pro
 
     calls = []
 
-    def recording(generator, prompts, params, batch_size):
+    def recording(generator, prompts, params, batch_size, start=0):
         policy = getattr(generator, "policy", None)
         calls.append((type(generator).__name__, len(prompts), params.max_new_tokens,
                       None if policy is None else policy.adaptive))
-        return run_ours(generator, prompts, params, batch_size)
+        return run_ours(generator, prompts, params, batch_size, start)
 
     run_ours = bench_run.run_ours
     monkeypatch.setattr(bench_run, "run_ours", recording)
