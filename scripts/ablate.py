@@ -118,8 +118,8 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
             if part:
                 tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
         # A resumed variant (Ctrl-C) gets what its budget has left: every variant trains --train-min in all.
-        with spent(run / CLOCK_NAME) as used:
-            res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * minutes - used))
+        with spent(run / CLOCK_NAME) as clock:
+            res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * minutes - clock.before))
         trained.write_text(json.dumps(res))
     draft, _ = load_draft_for(run / "draft", target, device=args.device)
     sources = evaluate_sources(target, draft, val, eos_ids(target), cfg.ttt_steps, cfg.decay,
@@ -212,8 +212,8 @@ def main() -> None:
     t0 = time.time()
     regen_dir = out / "data"
     regen_dir.mkdir(exist_ok=True)
-    with spent(regen_dir / CLOCK_NAME) as used:  # an interrupted regeneration resumes with what --regen-min has left
-        deadline = t0 + 60 * args.regen_min - used
+    with spent(regen_dir / CLOCK_NAME) as clock:  # an interrupted regeneration resumes with what --regen-min has left
+        deadline = t0 + 60 * args.regen_min - clock.before
         data = regenerate_run(target, args.data, regen_dir, rc, SINGLE_PROCESS, lambda _: time.time() >= deadline, 0.0)
     convs = [c for c in load_conversations(data) if c.has_answer]
     regen_s = time.time() - t0

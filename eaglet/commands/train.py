@@ -13,19 +13,21 @@ from eaglet.errors import EagletError
 from eaglet.options import TrainOptions
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
-from eaglet.train.budget import CLOCK_NAME, spent
+from eaglet.train.budget import CLOCK_NAME, Clock, spent
 
 
 def run(opts: TrainOptions) -> int:
     if not opts.time_budget_min:
-        return _run(opts, time.time())
-    # A budgeted run cut into pieces (Ctrl-C, a job's time limit) gets what the budget has left on rerun.
-    with spent(Path(opts.out) / CLOCK_NAME, keep=is_main_process()) as before:
-        return _run(opts, time.time() - before)
+        return _run(opts, Clock())
+    # A budgeted run cut into pieces (Ctrl-C, a job's time limit) gets what the budget has left on rerun,
+    # and reports the wall time of all its pieces.
+    with spent(Path(opts.out) / CLOCK_NAME, keep=is_main_process()) as clock:
+        return _run(opts, clock)
 
 
-def _run(opts: TrainOptions, start: float) -> int:
-    """``start``: where --time-budget-min counts from (loading the target included; earlier pieces too)."""
+def _run(opts: TrainOptions, clock: Clock) -> int:
+    """--time-budget-min counts from ``clock``'s start (loading the target included; earlier pieces too)."""
+    start = time.time() - clock.before
     from eaglet.train.dist import init_distributed
 
     if tp_job(opts.tp, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
@@ -38,8 +40,10 @@ def _run(opts: TrainOptions, start: float) -> int:
     else:
         dist = init_distributed(opts.target.device)
         regen_budget = 60 * opts.regen_budget_min if opts.regen_budget_min else None
-        result = _train(load(opts.target, dist.device), opts, dist, start, opts.regen, regen_budget,
-                        opts.train_tokens_per_s)
+        with clock.stage("load"):
+            target = load(opts.target, dist.device)
+        result = _train(target, opts, dist, start, opts.regen, regen_budget, opts.train_tokens_per_s, clock)
+        result.update(clock.summary())  # every piece of the job: wall time, and per stage
         main = dist.main
     if main:
         result.pop("config")
@@ -60,9 +64,9 @@ def train_rank(tp: TPGroup, opts: TrainOptions, start: float) -> dict[str, Any] 
 
 
 def _train(target, opts: TrainOptions, dist, start: float, regen=None, regen_budget_s: float | None = None,
-           train_tokens_per_s: float | None = None) -> dict:
+           train_tokens_per_s: float | None = None, clock: Clock | None = None) -> dict:
     from eaglet.train.pipeline import run_train
 
     budget = 60 * opts.time_budget_min if opts.time_budget_min else None
     return run_train(target, opts.data, Path(opts.out), opts.train, dist, regen, opts.features, opts.val_features,
-                     opts.val_fraction, budget, regen_budget_s, start, train_tokens_per_s)
+                     opts.val_fraction, budget, regen_budget_s, start, train_tokens_per_s, clock)

@@ -76,15 +76,38 @@ def regen_done(out: Path) -> dict | None:
         return None
 
 
+class Clock:
+    """The wall time of a job that may run in pieces: ``before`` = what earlier pieces spent, ``stages`` =
+    seconds per named stage over every piece (loading, regeneration, tokenizing, training)."""
+
+    def __init__(self, before: float = 0.0, stages: dict[str, float] | None = None):
+        self.before, self.stages, self.t0 = before, dict(stages or {}), time.time()
+
+    def total(self) -> float:
+        return self.before + time.time() - self.t0
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Adds the block's seconds to ``stages[name]``, however the block ends."""
+        t = time.time()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.time() - t
+
+    def summary(self) -> dict:
+        return {"wall_s": round(self.total(), 1), "stages_s": {k: round(v, 1) for k, v in self.stages.items()}}
+
+
 @contextmanager
-def spent(path: Path, keep: bool = True) -> Iterator[float]:
-    """Yields the seconds earlier (interrupted) runs spent on a budgeted job; adds this run's, however it
-    ends, where its directory exists (a run refused before it made one leaves nothing behind).
-    ``keep=False`` only reads (ranks other than the one that writes)."""
-    before = json.loads(path.read_text())["seconds"] if path.is_file() else 0.0
-    t0 = time.time()
+def spent(path: Path, keep: bool = True) -> Iterator[Clock]:
+    """Yields the job's ``Clock``, holding what earlier (interrupted) runs spent on it, in all and per stage;
+    adds this run's, however it ends, where its directory exists (a run refused before it made one leaves
+    nothing behind). ``keep=False`` only reads (ranks other than the one that writes)."""
+    recorded = json.loads(path.read_text()) if path.is_file() else {}
+    clock = Clock(recorded.get("seconds", 0.0), recorded.get("stages"))
     try:
-        yield before
+        yield clock
     finally:
         if keep and path.parent.is_dir():
-            write_atomic(path, json.dumps({"seconds": before + time.time() - t0}))
+            write_atomic(path, json.dumps({"seconds": clock.total(), "stages": clock.stages}))

@@ -26,7 +26,7 @@ from eaglet.data.sources import RegenConfig, answer_sources
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
-from eaglet.train.budget import BudgetSplit, mark_done, regen_done
+from eaglet.train.budget import BudgetSplit, Clock, mark_done, regen_done
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, any_rank, barrier
 from eaglet.train.trainer import TrainConfig, Trainer
 
@@ -136,13 +136,15 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
               regen: RegenConfig | None = None, features: str | None = None, val_features: str | None = None,
               val_fraction: float = 0.02, time_budget_s: float | None = None,
               regen_budget_s: float | None = None, start: float | None = None,
-              train_tokens_per_s: float | None = None) -> dict:
+              train_tokens_per_s: float | None = None, clock: Clock | None = None) -> dict:
     """Budgets count from ``start`` (default: now), e.g. the command's own start, target loading included.
 
     With ``regen`` and a budget, regeneration stops as ``BudgetSplit`` says (``regen_budget_s``
-    caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure).
+    caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure). ``clock`` books the
+    seconds of each stage (regenerate, tokenize, train: validation and export included).
     """
     start = start or time.time()
+    clock = clock or Clock()
     where = target.model.embed.weight.device
     if dist.device.type != where.type:  # SINGLE_PROCESS is the CPU: a caller with a GPU target must say so
         raise EagletError(f"the target is on {where} but training would run on {dist.device}; pass "
@@ -155,7 +157,8 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
             split = BudgetSplit(time_budget_s or float("inf"), cfg.epochs, regen_budget_s=regen_budget_s,
                                 **({"train_tokens_per_s": train_tokens_per_s} if train_tokens_per_s else {}))
             stop_when = split.stopper(start)
-        data = regenerate_run(target, data, out, regen, dist, stop_when, val_fraction, cfg.progress)
+        with clock.stage("regenerate"):
+            data = regenerate_run(target, data, out, regen, dist, stop_when, val_fraction, cfg.progress)
     elif data == BUILTIN:  # the CLI refuses this before loading; here for callers of run_train
         raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
     convs = [c for c in load_conversations(data) if c.has_answer]
@@ -166,14 +169,16 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
     if not train_convs:
         raise EagletError(f"{data} holds no training conversations (all are in the val split)")
     max_len = cfg.seq_len(target.config.max_position_embeddings)
-    train_src = FeatureSet(features) if features else tokenized(target, train_convs, out / "tokens-train.safetensors",
-                                                                max_len, dist, cfg.earlier_turns)
-    val_src = None
-    if val_features:
-        val_src = FeatureSet(val_features)
-    elif val_convs:
-        val_src = tokenized(target, val_convs, out / "tokens-val.safetensors", max_len, dist, cfg.earlier_turns)
+    with clock.stage("tokenize"):
+        train_src = FeatureSet(features) if features else tokenized(
+            target, train_convs, out / "tokens-train.safetensors", max_len, dist, cfg.earlier_turns)
+        val_src = None
+        if val_features:
+            val_src = FeatureSet(val_features)
+        elif val_convs:
+            val_src = tokenized(target, val_convs, out / "tokens-val.safetensors", max_len, dist, cfg.earlier_turns)
     if dist.main:
         note(f"training on {len(train_src)} conversations ({sum(train_src.lengths)} tokens), validating on "
              f"{len(val_src) if val_src is not None else 0}")
-    return Trainer(cfg, target, train_src, val_src, out, dist, deadline).run()
+    with clock.stage("train"):
+        return Trainer(cfg, target, train_src, val_src, out, dist, deadline).run()

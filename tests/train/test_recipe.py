@@ -111,7 +111,12 @@ def test_one_command_cut_into_pieces_ends_as_the_uncut_run(tiny_target_dir, tmp_
             assert main([*args, "--out", str(run)]) == 130
         assert said in capsys.readouterr().err
     assert main([*args, "--out", str(run)]) == 0
-    capsys.readouterr()
+    # The last piece reports the wall time of all four, per stage (each piece loaded the target again).
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    clock = json.loads((run / "clock.json").read_text())
+    assert set(summary["stages_s"]) == {"load", "regenerate", "tokenize", "train"}
+    assert clock["seconds"] + 0.1 >= summary["wall_s"] >= sum(summary["stages_s"].values()) - 0.2 > 0  # (rounded)
+    assert clock["stages"]["regenerate"] + 0.1 >= summary["stages_s"]["regenerate"] > 0
 
     def records(out):
         return sorted(line for line in (out / "regenerated.jsonl").read_text().splitlines())
@@ -158,5 +163,6 @@ def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_targe
     assert main([*args, "--time-budget-min", "10"]) == 0
     (b1, first), (b2, second) = elapsed
     assert b1 == b2 == 600 and first < 0.5 <= second  # the second piece counts the first one's half second
-    assert json.loads((tmp_path / "run" / "clock.json").read_text())["seconds"] >= second
+    clock = json.loads((tmp_path / "run" / "clock.json").read_text())
+    assert clock["seconds"] >= second and clock["stages"]["load"] > 0
     assert main(args) == 0 and elapsed[2][1] < 0.5  # without a budget no clock is read
