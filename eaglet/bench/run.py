@@ -19,6 +19,7 @@ import contextlib
 import os
 import platform
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
     config = {
         "target": t.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
-        "prompts": cfg.prompts, "num_prompts": len(ids), "prompt_sets": _set_sizes(prompts),
+        "prompts": cfg.prompts, "num_prompts": len(ids), "prompt_sets": dict(Counter(p.set for p in prompts)),
         "methods": list(cfg.methods),
         "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
         "top_k": params.top_k, "seed": params.seed, "batch_size": cfg.batch_size, "device": t.device, "tp": tp.size,
@@ -151,13 +152,6 @@ def set_spans(sets: list[str | None]) -> list[tuple[int, int]]:
     """[start, end) of each run of equal set names (``load_prompt_sets`` keeps each set together)."""
     starts = [i for i in range(len(sets)) if i == 0 or sets[i] != sets[i - 1]]
     return list(zip(starts, starts[1:] + [len(sets)]))
-
-
-def _set_sizes(prompts) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for p in prompts:
-        sizes[p.set] = sizes.get(p.set, 0) + 1
-    return sizes
 
 
 def _version(pkg: str) -> str | None:
