@@ -5,7 +5,8 @@ the prompts with the chat template; for each method a short warm-up (graph captu
 allocator, lazy init) on the first batch, for eaglet's methods a pass of every batch
 for two tokens (the kernels of each prefill shape: on an H200 a first use of some
 prompt lengths cost 0.5-1 s each, which plain, run first, paid inside its timed run
-and spec then found warm), then the timed run over all prompts. The
+and spec then found warm); then the timed runs, batch by batch with the methods in
+turn, so that a drift of the machine's speed falls on every method alike. The
 machine's load average is recorded before and after, since a shared CPU skews timings.
 
 Under tensor parallelism (``eaglet bench --tp N``) every rank runs this with its shard
@@ -24,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from eaglet.bench.methods import HFRunner, Run, run_ours
 from eaglet.bench.prompts import load_prompt_sets
@@ -95,31 +97,35 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     # Each prompt set is batched on its own, so a batch's wall time belongs to one set and every set's
     # numbers are exact, not apportioned.
     spans = set_spans([p.set for p in prompts])
+    batches = [(a, min(a + cfg.batch_size, hi)) for lo, hi in spans for a in range(lo, hi, cfg.batch_size)]
 
-    def run(method: str, batch: list[list[int]], p: SamplingParams,
-            parts: list[tuple[int, int]] | None = None) -> list[Run]:
-        out = []
-        for lo, hi in parts or [(0, len(batch))]:
-            if method in generators:
-                out += run_ours(generators[method], batch[lo:hi], p, cfg.batch_size, lo)
-            else:
-                out += hf.run(batch[lo:hi], p, cfg.batch_size, lookup=method == "hf-lookup", start=lo)
-        return out
+    def run(method: str, batch: list[list[int]], p: SamplingParams, start: int = 0) -> list[Run]:
+        """``batch`` in batches of ``cfg.batch_size``; ``start``: the index of its first prompt."""
+        if method in generators:
+            return run_ours(generators[method], batch, p, cfg.batch_size, start)
+        return hf.run(batch, p, cfg.batch_size, lookup=method == "hf-lookup", start=start)
 
     load_before = _load()
-    runs: dict[str, list[Run]] = {}
     warm = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
     shapes = replace(params, max_new_tokens=min(SHAPE_PASS_TOKENS, params.max_new_tokens))
     for m in cfg.methods:
-        log_(f"{m}: warm-up, then {len(ids)} prompts")
+        log_(f"{m}: warm-up")
         run(m, ids[: cfg.batch_size], warm)
         if m in generators:
             policy = getattr(generators[m], "policy", None)
             with policy.paused() if policy else contextlib.nullcontext():
-                run(m, ids, shapes, spans)
-        runs[m] = run(m, ids, params, spans)
-        tokens = sum(len(r.tokens) for r in runs[m])
-        seconds = sum({r.batch: r.seconds for r in runs[m]}.values())
+                for lo, hi in spans:
+                    run(m, ids[lo:hi], shapes, lo)
+    # Timed batch by batch, the methods in turn (who goes first rotates): a machine whose speed drifts
+    # during the run (a shared CPU, clocks) then slows every method alike. Run one after the other, a
+    # 2-core CPU's plain decoding ranged 30-39 tok/s over minutes and ratios moved by 0.1-0.3.
+    log_(f"timed: {len(ids)} prompts in {len(batches)} batches, the methods in turn")
+    runs: dict[str, list[Run]] = {m: [] for m in cfg.methods}
+    for j, (lo, hi) in enumerate(tqdm(batches, desc="bench", unit="batch", disable=not main, dynamic_ncols=True)):
+        for m in cfg.methods[j % len(cfg.methods):] + cfg.methods[: j % len(cfg.methods)]:
+            runs[m] += run(m, ids[lo:hi], params, lo)
+    for m, rs in runs.items():
+        tokens, seconds = sum(len(r.tokens) for r in rs), sum({r.batch: r.seconds for r in rs}.values())
         log_(f"{m}: {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.2f} tok/s)")
 
     texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
