@@ -27,8 +27,9 @@ def run(opts: TrainOptions) -> int:
 
 def _run(opts: TrainOptions, clock: Clock) -> int:
     """--time-budget-min counts from ``clock``'s start (loading the target included; earlier pieces too)."""
-    start = time.time() - clock.before
     from eaglet.train.dist import init_distributed
+
+    start = time.time() - clock.before
 
     if tp_job(opts.tp, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
         if opts.regen is not None:

@@ -36,7 +36,7 @@ from eaglet.outputs import write_atomic
 PADDING = 1.08  # padded / real training tokens, length-bucketed batches (shipped SmolLM2 run)
 H200_SMOLLM2_TRAIN_TOKENS_PER_S = 107_000.0  # padded tokens per second, 7 TTT steps, bf16 (shipped run)
 DONE_NAME = "regenerated.done.json"
-CLOCK_NAME = "clock.json"  # seconds the earlier pieces of a budgeted run spent (``spent``)
+CLOCK_NAME = "clock.json"  # seconds the earlier pieces of a budgeted run spent, in all and per stage (``spent``)
 
 
 @dataclass(frozen=True)
