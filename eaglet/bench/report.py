@@ -181,8 +181,10 @@ def table(report: dict) -> str:
     for k, v in report["speedup"].items():
         lines.append(f"  {k.replace('_', ' ')}: {v:.2f}x")
     for name, got in report.get("by_set", {}).items():
+        n = next(iter(got["methods"].values()))["prompts"]
         acc = (got["methods"].get("spec") or {}).get("accept_length")
         ratios = ", ".join(f"{k.replace('_', ' ')} {v:.2f}x" for k, v in got["speedup"].items())
-        lines.append(f"  set {name} ({next(iter(got['methods'].values()))['prompts']} prompts): {ratios or '-'}"
-                     + (f", accept {acc:.2f}" if acc else ""))
+        same = ", ".join(f"{m} identical {k}/{n}" for m, k in got.get("identical_to_plain", {}).items())
+        lines.append(f"  set {name} ({n} prompts): " + ", ".join(x for x in (
+            ratios, f"accept {acc:.2f}" if acc else "", same) if x))
     return "\n".join(lines)

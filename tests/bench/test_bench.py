@@ -70,7 +70,7 @@ def test_prompt_sets_are_batched_and_reported_each_on_its_own(chat_model_dir, dr
     assert by_set["other"]["identical_to_plain"]["spec"] == 2  # float32 greedy
     assert "spec_over_plain" in by_set["prompts"]["speedup"]
     printed = capsys.readouterr().out
-    assert "set prompts (3 prompts): spec over plain" in printed and "set other (2 prompts)" in printed
+    assert "set prompts (3 prompts): spec over plain" in printed and "spec identical 2/2" in printed
     # --limit counts per set; a set named twice is refused.
     assert len(load_prompt_sets(f"{prompts_file},{other}", limit=1)) == 2
     with pytest.raises(EagletError, match="named twice"):
