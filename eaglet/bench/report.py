@@ -59,12 +59,11 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
                  texts: dict[str, list[str]]) -> dict:
     methods = {m: summarize(r) for m, r in runs.items()}
     report = {"config": config, "methods": methods, "speedup": speedups(methods)}
-    if greedy and "plain" in runs:
-        report["identical_to_plain"] = {
-            m: {"identical": sum(a.tokens == b.tokens for a, b in zip(r, runs["plain"])), "of": len(r),
-                "all": all(a.tokens == b.tokens for a, b in zip(r, runs["plain"]))}
-            for m, r in runs.items() if m != "plain"
-        }
+    # Greedy: per method, per prompt, whether its tokens are plain decoding's (read by every summary below).
+    same = {m: [a.tokens == b.tokens for a, b in zip(r, runs["plain"])] for m, r in runs.items() if m != "plain"
+            } if greedy and "plain" in runs else None
+    if same is not None:
+        report["identical_to_plain"] = {m: {"identical": sum(e), "of": len(e), "all": all(e)} for m, e in same.items()}
     sets = list(dict.fromkeys(p.set for p in prompts if p.set is not None))
     if len(sets) > 1:  # each set is batched on its own (bench/run.py), so its batches' wall times are its own
         report["by_set"] = {}
@@ -72,9 +71,8 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
             idx = [i for i, p in enumerate(prompts) if p.set == name]
             per = {m: summarize([r[i] for i in idx]) for m, r in runs.items()}
             report["by_set"][name] = {"methods": per, "speedup": speedups(per)}
-            if "identical_to_plain" in report:
-                report["by_set"][name]["identical_to_plain"] = {
-                    m: sum(runs[m][i].tokens == runs["plain"][i].tokens for i in idx) for m in runs if m != "plain"}
+            if same is not None:
+                report["by_set"][name]["identical_to_plain"] = {m: sum(e[i] for i in idx) for m, e in same.items()}
     cats = sorted({p.category for p in prompts if p.category is not None})
     if cats:
         report["by_category"] = {}
@@ -94,9 +92,8 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
                 "accept_length": round(sum(x.accept_lengths) / len(x.accept_lengths), 4) if x.accept_lengths else None,
                 "text": texts[m][i],
             }
-        if greedy and "plain" in runs:
-            row["identical_to_plain"] = {m: r[i].tokens == runs["plain"][i].tokens for m, r in runs.items()
-                                         if m != "plain"}
+        if same is not None:
+            row["identical_to_plain"] = {m: e[i] for m, e in same.items()}
         rows.append(row)
     report["prompts"] = rows
     return report

@@ -4,7 +4,6 @@ torchrun (data parallel) and at ``--tp N`` (the target sharded, the draft on ran
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ def _run(opts: TrainOptions, clock: Clock) -> int:
     """--time-budget-min counts from ``clock``'s start (loading the target included; earlier pieces too)."""
     from eaglet.train.dist import init_distributed
 
-    start = time.time() - clock.before
+    start = clock.start
 
     if tp_job(opts.tp, under_torchrun_too=False):  # torchrun without --tp: data parallel (DDP)
         if opts.regen is not None:

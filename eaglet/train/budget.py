@@ -83,8 +83,13 @@ class Clock:
     def __init__(self, before: float = 0.0, stages: dict[str, float] | None = None):
         self.before, self.stages, self.t0 = before, dict(stages or {}), time.time()
 
+    @property
+    def start(self) -> float:
+        """When the job would have started had its pieces run without a break (a ``time.time()``)."""
+        return self.t0 - self.before
+
     def total(self) -> float:
-        return self.before + time.time() - self.t0
+        return time.time() - self.start
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
