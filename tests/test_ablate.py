@@ -46,3 +46,7 @@ def test_final_takes_the_variant_best_over_the_sources_each_counted_once():
     assert ablate.best_variant(rows) == "all"  # a final row (not a variant) is never its own template
     assert ablate.best_variant({"sampled": row(1.7, 1.5), "base": row(1.7, 1.5)}) == "sampled"
     assert ablate.macro_tau({"val": {"tau_pred": 1.2}, "sources": {}}) == 1.2
+    # the serving window's figure, where recorded, over the pooled answers' (later tokens are easier)
+    windowed = {"val": {"tau_pred": 3.0}, "sources": {g: {"tau_pred": 3.0, "tau_all": 2.8, "tau_serve": 2.0}
+                                                      for g in ablate.GROUPS}}
+    assert ablate.macro_tau(windowed) == 2.0

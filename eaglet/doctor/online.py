@@ -36,7 +36,7 @@ from eaglet.doctor.samples import anchors, hit_grids
 from eaglet.doctor.serving import ServingRun
 from eaglet.train.inputs import StepInputs
 from eaglet.train.report import acc_keys
-from eaglet.train.ttt import predicted_accept_length
+from eaglet.train.ttt import SERVE_WINDOW, predicted_accept_length
 
 TITLE = "offline vs online"
 FAIL_GAIN, FAIL_GAP = 0.6, 0.25
@@ -110,6 +110,9 @@ def check_online(draft, aux: torch.Tensor, inp: StepInputs, run: ServingRun, ste
         if "tau_all" in recorded:  # drafts trained since tau_all exists
             chk.lines.append(f"recorded at training (val, all answer tokens): acc_0 {recorded['acc_all_0']:.3f}, "
                              f"tau {recorded['tau_all']:.2f}")
+        if "tau_serve" in recorded:  # drafts trained since the serving window exists
+            chk.lines.append(f"recorded at training (val, first {SERVE_WINDOW} tokens of each answer): acc_0 "
+                             f"{recorded['acc_serve_0']:.3f}, tau {recorded['tau_serve']:.2f}")
         chk.evidence["recorded_val"] = recorded
     gain, gain_pred, gap = tau_meas_same - 1, tau_same - 1, tau_same - tau_meas_same
     losing = [j for j, r in enumerate(rates) if r["reached"] >= MIN_REACHED and r["online"] < r["offline"] - STEP_DROP]

@@ -203,7 +203,7 @@ class SpecEngine:
             pack_linears(draft)
         # Plain steps per host read after a fallback, as PlainGenerator decodes (1: one step a read).
         self.chunk = (CHUNK_STEPS if self.use_graphs else 1) if chunk is None else chunk
-        self.policy = BatchPolicy(self.device.type, fixed, adaptive, log, agree=self._rank0_says)
+        self.policy = BatchPolicy(self.device.type, fixed, adaptive, log, agree=self._rank0_says, ready=self._built)
         self._caches: dict[int, tuple] = {}
         self._iterations: dict[tuple, _Iteration] = {}
         self._plain: dict[int, Callable] = {}
@@ -215,6 +215,12 @@ class SpecEngine:
         if self.tp.size == 1:
             return flag
         return bool(broadcast_from_rank0(torch.tensor([flag], device=self.device), self.tp).item())
+
+    def _built(self, batch: int, cfg: TreeConfig) -> bool:
+        """Whether running ``cfg`` at ``batch`` now builds nothing: always without torch.compile (an eager
+        iteration, or a graph captured in about a second), else once its iteration has been compiled (for
+        some sampling setting: a server warms greedy up; another setting compiles on its first use anyway)."""
+        return not self.compile or any(key[:2] == (batch, cfg) for key in self._iterations)
 
     def _margin(self, batch: int) -> int:
         return max(max(t.num_draft_tokens, t.region, t.num_steps + 1) for t in self.policy.ladder(batch))

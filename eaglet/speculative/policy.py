@@ -20,7 +20,11 @@ The rule judges on evidence, never on one prompt's first iterations:
   iteration). Below 1 the policy steps down the table, skipping
   trees that could not win even at the acceptance just seen (a smaller tree accepts no
   more), and below the smallest to plain decoding;
-- after ``RETRY_PLAIN_STEPS`` plain steps, speculation is tried again from the top.
+- after ``RETRY_PLAIN_STEPS`` plain steps, speculation is tried again from the top;
+- a step down lands only on a tree that is ``ready`` (the engine's word: a compiling engine's
+  tree is ready once its iteration is compiled and captured), skipping the others, else on plain
+  decoding, which is always built. Building a tree compiles for about a minute on an H200, and
+  every running row would wait: a server's batch-16 run stalled twice that way (docs/performance.md).
 Each decision is printed with its numbers. With an explicit tree
 (``--num-steps/--tree-topk/--num-draft-tokens``) the only step down is to plain decoding.
 
@@ -83,9 +87,11 @@ class _Track:
 
 class BatchPolicy:
     def __init__(self, device_type: str, fixed: TreeConfig | None, adaptive: bool,
-                 log: Callable[[str], None], agree: Callable[[bool], bool] = bool):
+                 log: Callable[[str], None], agree: Callable[[bool], bool] = bool,
+                 ready: Callable[[int, TreeConfig], bool] = lambda _b, _cfg: True):
         self.device_type, self.fixed, self.adaptive, self.log = device_type, fixed, adaptive, log
         self.agree = agree  # a per-rank decision -> the one all ranks take (identity at tp=1)
+        self.ready = ready  # (batch, tree) -> whether switching to it builds nothing (the same on every rank)
         self._ladders: dict[int, list[TreeConfig]] = {}
         self._track: dict[int, _Track] = {}
         self.plain_step_s: dict[int, float] = {}  # measured by the engine
@@ -161,7 +167,12 @@ class BatchPolicy:
         ladder, t = self._ladders[batch], self._track[batch]
         was = ladder[t.rung].describe()
         t.rung += 1
+        unbuilt = []
+        while t.rung < len(ladder) and not self.ready(batch, ladder[t.rung]):
+            unbuilt.append(ladder[t.rung].describe())
+            t.rung += 1
         t.window.clear()
         t.iters, t.calls = 0, 1
         nxt = ladder[t.rung].describe() if t.rung < len(ladder) else "plain decoding"
-        self.log(f"batch {batch}: tree {was} {why}; switching to {nxt}")
+        skip = f" (not built, so skipped: {'; '.join(unbuilt)})" if unbuilt else ""
+        self.log(f"batch {batch}: tree {was} {why}; switching to {nxt}{skip}")

@@ -19,7 +19,7 @@ from eaglet.draft.model import Eagle3Draft
 from eaglet.loading.target import Target
 from eaglet.train.inputs import Featurizer, StepInputs, no_cudnn_attention
 from eaglet.train.report import summarize
-from eaglet.train.ttt import TTTLoss
+from eaglet.train.ttt import STATS, TTTLoss
 
 
 def unroll(model: torch.nn.Module, inp: StepInputs, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,8 +31,8 @@ def unroll(model: torch.nn.Module, inp: StepInputs, autocast: bool) -> tuple[tor
 @torch.no_grad()
 def score(feats: Featurizer, batches: Iterable[list[int]], forward: Callable[[StepInputs], tuple],
           steps: int, device: torch.device) -> torch.Tensor:
-    """Summed stats [steps, 4] (``TTTLoss``'s columns) over ``batches`` of ``feats``' source."""
-    total = torch.zeros(steps, 4, device=device, dtype=torch.float64)
+    """Summed stats [steps, STATS] (``TTTLoss``'s columns) over ``batches`` of ``feats``' source."""
+    total = torch.zeros(steps, STATS, device=device, dtype=torch.float64)
     for rows in batches:
         total += forward(feats(rows))[1].double()
     return total

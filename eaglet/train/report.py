@@ -23,10 +23,11 @@ def acc_keys(row: dict) -> list[str]:
 
 
 def summarize(stats: torch.Tensor, decay: float) -> dict:
-    """stats [steps, 4] (CE sum, correct, count, count with out-of-vocabulary labels) -> loss, loss_j, acc_j,
-    tau_pred (over draft-vocabulary labels), acc_all_j and tau_all (every assistant label), positions."""
-    ce, hit, n, n_all = stats.double().cpu().unbind(-1)
-    n, n_all = n.clamp(min=1), n_all.clamp(min=1)
+    """stats [steps, STATS] (``TTTLoss``'s columns) -> loss, loss_j, acc_j, tau_pred (over draft-vocabulary
+    labels), acc_all_j and tau_all (every assistant label), acc_serve_j and tau_serve (every assistant label
+    in the first ``SERVE_WINDOW`` tokens of its turn), positions."""
+    ce, hit, n, n_all, hit_win, n_win = stats.double().cpu().unbind(-1)
+    n, n_all, n_win = n.clamp(min=1), n_all.clamp(min=1), n_win.clamp(min=1)
     loss_j, acc_j, acc_all = (ce / n).tolist(), (hit / n).tolist(), (hit / n_all).tolist()
     out = {"loss": sum(decay**j * v for j, v in enumerate(loss_j))}
     out.update({f"loss_{j}": round(v, 5) for j, v in enumerate(loss_j)})
@@ -34,6 +35,9 @@ def summarize(stats: torch.Tensor, decay: float) -> dict:
     out["tau_pred"] = round(predicted_accept_length(acc_j), 4)
     out.update({f"acc_all_{j}": round(v, 5) for j, v in enumerate(acc_all)})
     out["tau_all"] = round(predicted_accept_length(acc_all), 4)
+    acc_serve = (hit_win / n_win).tolist()
+    out.update({f"acc_serve_{j}": round(v, 5) for j, v in enumerate(acc_serve)})
+    out["tau_serve"] = round(predicted_accept_length(acc_serve), 4)
     out["positions"] = int(stats[0, 2])
     return out
 

@@ -37,7 +37,7 @@ from eaglet.train.evaluate import score, unroll
 from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
-from eaglet.train.ttt import TTTLoss
+from eaglet.train.ttt import SERVE_WINDOW, TTTLoss
 
 
 def lr_at(cfg: TrainConfig, step: int, total: int, time_frac: float) -> float:
@@ -235,7 +235,8 @@ class Trainer:
             log.write(row)
             accs = " ".join(f"acc_{j}={row[f'acc_{j}']:.3f}" for j in range(self.cfg.ttt_steps))
             tqdm.write(f"eaglet: val step {self.step}: {accs} tau_pred={row['tau_pred']:.2f} "
-                       f"(all answer tokens: acc_0={row['acc_all_0']:.3f} tau={row['tau_all']:.2f})", file=sys.stderr)
+                       f"(all answer tokens: acc_0={row['acc_all_0']:.3f} tau={row['tau_all']:.2f}; their first "
+                       f"{SERVE_WINDOW}: acc_0={row['acc_serve_0']:.3f} tau={row['tau_serve']:.2f})", file=sys.stderr)
         return row, time.perf_counter() - t0
 
     def _save(self, log: RunLog | None) -> None:

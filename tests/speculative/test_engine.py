@@ -283,3 +283,37 @@ def test_policy_judges_on_evidence():
     for _ in range(LONG_WINDOW):
         off.observe(1, 1, 1)
     assert off.tree(1) == TreeConfig(5, 2, 8)
+
+
+def test_policy_steps_down_only_to_trees_already_built(target):
+    """A compiling engine's step down skips trees not yet compiled (a build stalls every running row
+    for about a minute on an H200), landing on a built one or on plain decoding."""
+    from eaglet.speculative.policy import WINDOW, BatchPolicy
+    from eaglet.speculative.tree import TreeConfig
+
+    logs, built = [], set()
+    pol = BatchPolicy("cuda", None, True, logs.append, ready=lambda b, cfg: (b, cfg) in built)
+    ladder = pol.ladder(3)
+    built.add((3, ladder[2]))
+    pol.plain_step_s[3] = 1.0
+    pol.iteration_s[(3, ladder[0])] = 2.5
+    pol.start_call(3)
+    pol.start_call(3)
+    for _ in range(WINDOW):  # accept length 2 at 2.5 plain steps: 0.8x
+        pol.observe(3, 6, 3)
+    assert pol.tree(3) == ladder[2]
+    assert logs[-1].endswith(f"switching to {ladder[2].describe()} (not built, so skipped: {ladder[1].describe()})")
+    pol.iteration_s[(3, ladder[2])] = 2.5
+    pol.start_call(3)
+    for _ in range(WINDOW):
+        pol.observe(3, 6, 3)
+    assert pol.tree(3) is None and "switching to plain decoding (not built, so skipped: " in logs[-1]
+
+    # The engine's word: without torch.compile every tree is ready; compiling, only those built.
+    draft = random_draft(target, draft_vocab=40)
+    cfg = TreeConfig(3, 1, 4)
+    assert SpecEngine(target, draft, CONTEXT, log=lambda _: None, compile=False).policy.ready(2, cfg)
+    eng = SpecEngine(target, draft, CONTEXT, log=lambda _: None, compile=True)
+    assert not eng.policy.ready(2, cfg)
+    eng._iterations[(2, cfg, None)] = object()  # what _iteration stores once built (no compile needed here)
+    assert eng.policy.ready(2, cfg) and not eng.policy.ready(1, cfg)

@@ -62,7 +62,10 @@ def test_unroll_equals_the_inference_chain():
             torch.testing.assert_close(hidden[:, 0], outs[j][:, t], msg=f"step {j} anchor {t}")
 
 
-def test_labels_masks_and_accuracy():
+def test_labels_masks_and_accuracy(monkeypatch):
+    import eaglet.train.ttt as ttt_module
+
+    monkeypatch.setattr(ttt_module, "SERVE_WINDOW", 2)  # the first 2 tokens of each assistant run
     steps, b, t_len = 3, 2, 10
     d = _draft(vocab=20)  # draft vocabulary: even target ids 0..38
     torch.manual_seed(1)
@@ -77,20 +80,31 @@ def test_labels_masks_and_accuracy():
     assert all(p.grad is not None for p in d.parameters())
     with torch.no_grad():
         outs = ttt.unroll(aux, emb)
+    def index_in_turn(bi, p):  # how many assistant tokens directly precede p in its run
+        k = 0
+        while p - k - 1 >= 0 and mask[bi, p - k - 1]:
+            k += 1
+        return k
+
     want_loss = 0.0
     for j in range(steps):
-        ce, hit, n, n_all = 0.0, 0, 0, 0
+        ce, hit, n, n_all, hit_win, n_win = 0.0, 0, 0, 0, 0, 0
         for bi in range(b):
             for t in range(t_len - j - 2):
                 x = int(ids[bi, t + j + 2])  # the token step j predicts at anchor t
                 n_all += bool(mask[bi, t + j + 2])  # an assistant label, in the draft vocabulary or not
+                in_win = bool(mask[bi, t + j + 2]) and index_in_turn(bi, t + j + 2) < 2
+                n_win += in_win
                 if not (mask[bi, t + j + 2] and x % 2 == 0 and x < 40):
                     continue
                 logits = d.logits(outs[j][bi, t]).detach()
                 ce += float(-(target_logp[bi, t + j + 1].exp() * logits.log_softmax(-1)).sum())
-                hit += int(2 * int(logits.argmax()) == int(target_top[bi, t + j + 1]))
+                ok = 2 * int(logits.argmax()) == int(target_top[bi, t + j + 1])
+                hit += ok
+                hit_win += ok and in_win
                 n += 1
         assert int(stats[j, 2]) == n and int(stats[j, 1]) == hit and int(stats[j, 3]) == n_all > n
+        assert (int(stats[j, 4]), int(stats[j, 5])) == (hit_win, n_win) and 0 < n_win < n_all
         assert float(stats[j, 0]) == pytest.approx(ce, rel=1e-4)
         want_loss += 0.5**j * ce / max(n, 1)
     assert loss.item() == pytest.approx(want_loss, rel=1e-4)
@@ -99,7 +113,16 @@ def test_labels_masks_and_accuracy():
 def test_accuracy_over_all_answer_tokens_counts_labels_outside_the_draft_vocabulary_as_misses():
     from eaglet.train.report import summarize
 
-    stats = torch.tensor([[8.0, 6.0, 8.0, 10.0], [6.0, 3.0, 6.0, 9.0]])  # CE, hits, counted, all assistant labels
+    # CE, hits, counted, all assistant labels, hits and labels within the serving window
+    stats = torch.tensor([[8.0, 6.0, 8.0, 10.0, 2.0, 4.0], [6.0, 3.0, 6.0, 9.0, 1.0, 4.0]])
     row = summarize(stats, decay=0.8)
     assert (row["acc_0"], row["acc_1"]) == (0.75, 0.5) and (row["acc_all_0"], row["acc_all_1"]) == (0.6, 0.33333)
     assert row["tau_pred"] == pytest.approx(1 + 0.75 + 0.375) and row["tau_all"] == pytest.approx(1 + 0.6 + 0.2)
+    assert (row["acc_serve_0"], row["acc_serve_1"]) == (0.5, 0.25) and row["tau_serve"] == pytest.approx(1.625)
+
+
+def test_answer_index_counts_within_each_assistant_turn():
+    from eaglet.train.ttt import answer_index
+
+    mask = torch.tensor([[0, 1, 1, 1, 0, 0, 1, 1], [1, 1, 0, 1, 0, 1, 1, 1]], dtype=torch.bool)
+    assert answer_index(mask).tolist() == [[-1, 0, 1, 2, -1, -1, 0, 1], [0, 1, -1, 0, -1, 0, 1, 2]]
