@@ -271,6 +271,12 @@ class PlainGenerator:
         return Session(self.target, cache, lambda ids: self._step_fn(cache)(ids), params, self.capacity,
                        own_draws=own_draws, chunks=self._chunks_of(cache))
 
+    def grow(self, small, batch: int):
+        """A session of ``batch`` rows holding ``small``'s rows (a full batch growing in place)."""
+        from eaglet.session import grown
+
+        return grown(self, small, batch)
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  on_token: Callable[[int, int], None] | None = None) -> list[Completion]:

@@ -160,6 +160,21 @@ class Session:
             self.active[i] = 0 if self.rows[i].done else 1
         return first
 
+    def adopt(self, old: Session) -> None:
+        """Take over the rows of ``old``, a batch no larger than this empty one, from the same engine and
+        sampling setting, at the same row indices: their committed cache slots (one copy a layer),
+        pending tokens, flags, outputs and draws. A full batch with requests waiting grows this way
+        (the server's scheduler) instead of draining first."""
+        n = old.batch
+        if n > self.batch or self.rows:
+            raise ValueError(f"an empty session of {self.batch} rows adopts at most as many, got {n} into "
+                             f"{len(self.rows)} running")
+        self.cache.copy_rows_from(old.cache, torch.arange(n, device=self.roots.device))
+        self.roots[:n] = old.roots
+        self.active[:n] = old.active
+        self.rows, self.draws, self.gen = dict(old.rows), dict(old.draws), old.gen
+        self.verifies, self.accepted = old.verifies, old.accepted
+
     def check_prompt(self, prompt: list[int]) -> None:
         """Raise if the context cannot hold ``prompt`` and a token: a caller admitting several prompts checks
         each first, so that one too long fails alone."""
@@ -218,6 +233,14 @@ class Session:
         self.active[row] = 0
         self.draws.pop(row, None)
         return self.rows.pop(row).out
+
+
+def grown(engine, small: Session, batch: int) -> Session:
+    """An engine's session of ``batch`` rows holding ``small``'s rows (``Session.adopt``): ``grow`` of
+    PlainGenerator and SpecEngine."""
+    big = engine.session(batch, small.params)
+    big.adopt(small)
+    return big
 
 
 def bucket_size(n: int, graphs: bool) -> int:

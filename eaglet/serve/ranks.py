@@ -23,7 +23,7 @@ import torch
 
 from eaglet.parallel.control import ControlChannel
 
-OPEN, ADMIT, STEP, RELEASE, STOP = "open", "admit", "step", "release", "stop"
+OPEN, GROW, ADMIT, STEP, RELEASE, STOP = "open", "grow", "admit", "step", "release", "stop"
 
 
 class LeadingSession:
@@ -61,6 +61,13 @@ class LeadingEngine:
         self._channel.send((OPEN, batch, params))
         return LeadingSession(self._engine.session(batch, params), self._channel)
 
+    def grow(self, small: LeadingSession, batch: int) -> LeadingSession:
+        """``small``'s rows in a session of ``batch`` rows, announced once grown here (a growth that fails on
+        rank 0 leaves every rank with the small batch)."""
+        big = self._engine.grow(small._session, batch)
+        self._channel.send((GROW, batch))
+        return LeadingSession(big, self._channel)
+
     def stop(self) -> None:
         """Let the followers return (the server has stopped)."""
         self._channel.send((STOP,))
@@ -81,6 +88,8 @@ def follow(engine, channel: ControlChannel) -> int:
                 session = engine.session(*args)
             elif session is None:
                 continue  # the batch failed here as on rank 0, which opens a new one before using it
+            elif op == GROW:
+                session = engine.grow(session, *args)
             elif op == ADMIT:
                 session.admit(*args)
             elif op == STEP:
@@ -90,5 +99,5 @@ def follow(engine, channel: ControlChannel) -> int:
         except Exception as e:  # noqa: BLE001  (rank 0 met the same failure and goes on; so do we)
             print(f"eaglet: rank {channel.tp.rank}: {op} failed as on rank 0 ({e!r}); waiting for the next order",
                   file=sys.stderr)
-            if op in (OPEN, STEP):
+            if op in (OPEN, GROW, STEP):
                 session = None

@@ -10,9 +10,13 @@ released at once and its row refilled at the next admission.
 Batch size: a batch opens with rows for the requests waiting then: the smallest of the
 allowed ``sizes`` that holds them (by default the powers of two below ``max_batch``, and
 ``max_batch``), so a lone request decodes at batch 1 with batch 1's tree. A full batch
-with requests waiting takes no more rows; once it drains, a larger one opens. An empty
-batch is not kept: the next request opens one sized for the queue at that time. Fewer
-sizes mean fewer compiled graphs (each size builds its own) and more padding.
+with requests waiting grows in place: a session of the smallest size that holds its rows and
+the queue adopts its rows (``Session.adopt``: their cache slots copied, the same row
+indices) and the waiting requests join the free rows; only a full batch of ``max_batch``
+rows (or a growth that failed, say for memory) makes them wait for rows to free. On an
+H200, a burst of 64 requests had waited ~0.4 s each for the lone first one's batch of 1 to
+drain. An empty batch is not kept: the next request opens one sized for the queue at that
+time. Fewer sizes mean fewer compiled graphs (each size builds its own) and more padding.
 
 Sampling rule: rows of one session share temperature, top-p and top-k (the engine's
 iteration is compiled per setting); a request whose setting differs from the running
@@ -95,7 +99,7 @@ class Scheduler:
         self.wake = threading.Condition()
         self.session: Session | None = None
         self.rows: dict[int, Request] = {}  # row of the running session -> its request
-        self.growing = False  # the running batch is full with requests waiting: it drains, a larger one opens
+        self.draining = False  # growing the full running batch failed: it drains, then a larger one opens
         self.accepting = True
         self.deadline: float | None = None  # after close(): running rows are aborted past it
         self.thread = threading.Thread(target=self._work, name="eaglet-engine", daemon=True)
@@ -170,23 +174,28 @@ class Scheduler:
             if req is None:
                 return []
             s = self.session
-            joins = s is not None and bool(s.rows) and not self.growing and not req.exclusive \
+            joins = s is not None and bool(s.rows) and not self.draining and not req.exclusive \
                 and same_sampling(req.params, s.params) and not (s.params.seed is not None and not s.params.greedy)
+            grow_to = None
             if joins and not s.free_rows():
-                self.growing = s.batch < self.max_batch  # drain, then open a larger batch
-                return []
-            if not joins and self.rows:
+                if s.batch == self.max_batch:
+                    return []  # rows free as requests finish
+                grow_to = next((n for n in self.sizes if n >= len(s.rows) + len(self.waiting)), self.max_batch)
+            elif not joins and self.rows:
                 return []  # another sampling setting, or a larger batch, waits for this one to drain
-            size = self.sizes[0] if req.exclusive else next(
-                (n for n in self.sizes if n >= len(self.waiting)), self.max_batch)
-            room = len(s.free_rows()) if joins else size
-            group = [self.waiting.popleft()]
-            while len(group) < room and not req.exclusive and (nxt := self._head()) is not None \
-                    and not nxt.exclusive and same_sampling(nxt.params, req.params):
-                group.append(self.waiting.popleft())
-            self.metrics.queue_depth.set(len(self.waiting))
+            if grow_to is None:
+                size = self.sizes[0] if req.exclusive else next(
+                    (n for n in self.sizes if n >= len(self.waiting)), self.max_batch)
+                room = len(s.free_rows()) if joins else size
+                group = [self.waiting.popleft()]
+                while len(group) < room and not req.exclusive and (nxt := self._head()) is not None \
+                        and not nxt.exclusive and same_sampling(nxt.params, req.params):
+                    group.append(self.waiting.popleft())
+                self.metrics.queue_depth.set(len(self.waiting))
+        if grow_to is not None:
+            return self._grow(s, grow_to)
         if not joins:
-            self.growing = False
+            self.draining = False
             try:
                 self.session = self.engine.session(size, req.params)
             except Exception as e:  # e.g. no memory for the caches: this request fails, the next may not
@@ -196,6 +205,20 @@ class Scheduler:
                 return self._take()
             self.metrics.batch_rows.set(size)
         return group
+
+    def _grow(self, small: Session, size: int) -> list[Request]:
+        """Move the full running batch's rows into a session of ``size`` rows, then take the waiting
+        requests that join it; if that fails the small batch goes on and drains first."""
+        try:
+            big = self.engine.grow(small, size)
+        except Exception as e:  # noqa: BLE001  (e.g. no memory for the larger caches: the rows go on as they are)
+            print(f"eaglet: growing the batch from {small.batch} to {size} rows failed ({e!r}); the waiting "
+                  "requests wait for it to drain", file=sys.stderr)
+            self.draining = True
+            return []
+        self.session = big
+        self.metrics.batch_rows.set(size)
+        return self._take()
 
     def _fail(self, req: Request, e: Exception, where: str) -> None:
         print(f"eaglet: a request failed while {where}: {e!r}", file=sys.stderr)

@@ -43,7 +43,7 @@ from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams
-from eaglet.session import bucket_size, decode_all
+from eaglet.session import bucket_size, decode_all, grown
 from eaglet.speculative.accept import Acceptance, greedy_accept, sample_accept
 from eaglet.speculative.drafting import commit_and_extend
 from eaglet.speculative.policy import BatchPolicy
@@ -309,6 +309,10 @@ class SpecEngine:
     def session(self, batch: int, params: SamplingParams) -> SpecSession:
         """A running batch of ``batch`` rows (one live session per batch size: they share its caches)."""
         return SpecSession(self, batch, params)
+
+    def grow(self, small: SpecSession, batch: int) -> SpecSession:
+        """A session of ``batch`` rows holding ``small``'s rows (a full batch growing in place)."""
+        return grown(self, small, batch)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,

@@ -6,7 +6,8 @@ caches, or a scratch cache copied into scattered rows), and sets their seed, pen
 ``active`` flag in the engine's per-batch ``_State``; the compiled iteration (a CUDA graph
 on CUDA) reads those same tensors, so a row joins between two replays with nothing
 recaptured. When the policy falls back to plain decoding the session stays plain until it
-ends: from then on the draft cache is no longer extended, so it cannot seed a tree.
+ends: from then on the draft cache is no longer extended, so it cannot seed a tree (nor can
+the larger session that adopts its rows).
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ class SpecSession(Session):
         eng.policy.start_call(batch)
         self.speculating = eng.policy.tree(batch) is not None
         self.admissions = 0
+
+    def adopt(self, old: SpecSession) -> None:
+        """``Session.adopt``, and the rows' draft cache and seeds. A batch that fell back to plain decoding
+        no longer extended its draft cache, so the larger one decodes plainly too."""
+        super().adopt(old)
+        n = old.batch
+        self.dcache.copy_rows_from(old.dcache, torch.arange(n, device=self.roots.device))
+        self.state.seed[:n] = old.state.seed
+        self.speculating = self.speculating and old.speculating
+        self.admissions = old.admissions
 
     def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         # Each admission is one of the policy's "calls" (the first is the session's own), so

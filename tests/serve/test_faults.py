@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from eaglet.session import grown
 from tests.serve.conftest import Served, new_engine, wait_for
 
 FAULT = 13  # a prompt starting with this token id fails while it is admitted
@@ -44,6 +45,9 @@ class Gated:
 
         s.step, s.admit = gated_step, faulty_admit
         return s
+
+    def grow(self, small, batch):
+        return grown(self, small, batch)  # the larger session gated too
 
 
 @pytest.fixture
@@ -149,7 +153,8 @@ def test_close_rejects_waiting_and_aborts_running_rows(gated):
 
 
 def one_running_two_waiting(s) -> None:
-    """A lone request opens a batch of 1 while two more queue behind it; then all three run to their end."""
+    """A lone request opens a batch of 1 while two more queue behind it; then all three run to their end
+    (the full batch grows in place to hold the two waiting)."""
     (first, _), (second, _) = one_running_one_waiting(s)
     assert s.metric("eaglet_batch_rows") == 1
     third = background(lambda: ask(s))[0]
@@ -163,8 +168,31 @@ def test_batch_size_follows_the_queue(served_dirs, one_thread):
     s = Served(Gated(new_engine(served_dirs)), max_batch=4, max_queue=8)
     try:
         one_running_two_waiting(s)
-        assert s.metric("eaglet_batch_rows") == 2  # the full batch drained; the two waiting opened one of 2
+        assert s.metric("eaglet_batch_rows") == 4  # 1 running + 2 waiting: the batch of 1 grew to one of 4
         assert ask(s).usage.completion_tokens == 8 and s.metric("eaglet_batch_rows") == 1
+    finally:
+        s.engine.gate.set()
+        s.stop()
+
+
+def test_a_full_batch_grows_in_place_for_the_waiting(served_dirs, one_thread):
+    """The two waiting join the running request at once, in a batch of 4, rather than after it ends;
+    all three (the same prompt, greedy) answer the same."""
+    s = Served(Gated(new_engine(served_dirs)), max_batch=4, max_queue=8)
+    try:
+        s.engine.delay = 0.05
+        s.engine.gate.clear()
+        jobs = [background(lambda: ask(s))]
+        wait_for(lambda: s.metric("eaglet_running_rows") == 1)
+        jobs += [background(lambda: ask(s)) for _ in range(2)]
+        wait_for(lambda: s.metric("eaglet_queue_depth") == 2)
+        s.engine.gate.set()
+        wait_for(lambda: s.metric("eaglet_running_rows") == 3)  # the first (8 tokens) still runs
+        assert s.metric("eaglet_batch_rows") == 4
+        for t, _ in jobs:
+            t.join(20)
+        texts = {box["result"].choices[0].text for _, box in jobs}
+        assert len(texts) == 1 and all(box["result"].usage.completion_tokens == 8 for _, box in jobs)
     finally:
         s.engine.gate.set()
         s.stop()
@@ -174,7 +202,7 @@ def test_batch_opens_with_the_smallest_allowed_size(served_dirs, one_thread):
     s = Served(Gated(new_engine(served_dirs)), max_queue=8, sizes=(1, 4))
     try:
         one_running_two_waiting(s)
-        assert s.metric("eaglet_batch_rows") == 4  # two waiting: 2 is not allowed, so the next size up
+        assert s.metric("eaglet_batch_rows") == 4  # 1 running + 2 waiting: 3 rows are not allowed, 4 are
     finally:
         s.engine.gate.set()
         s.stop()

@@ -108,3 +108,43 @@ def test_session_refuses_a_busy_row_and_other_sampling(agreeing):
             session.admit([1], prompts_of([200]), PARAMS)  # nothing admitted: row 1 stays free
         session.release(0)
         assert session.free_rows() == [0, 1] and not session.running()
+
+
+@pytest.mark.parametrize("engine", ["plain", "chain", "tree", "tree-static", "fell-back"])
+def test_a_full_batch_grows_in_place(agreeing, engine):
+    """A full batch's rows move into a larger session mid-answer (``grow``: caches copied, same row indices)
+    and every prompt, those moved and those admitted after, decodes what it decodes alone; a batch that
+    had fallen back to plain decoding stays plain in the larger one."""
+    target, draft = agreeing
+    prompts = prompts_of([7, 12, 3, 9], seed=5)
+    alone = [PlainGenerator(target, CONTEXT).generate([p], PARAMS)[0].tokens for p in prompts]
+    gen = PlainGenerator(target, CONTEXT) if engine == "plain" else \
+        SpecEngine(target, draft, CONTEXT, *TREES[{"fell-back": "tree"}.get(engine, engine).removesuffix("-static")],
+                   adaptive=False, log=lambda _: None, static_shapes=engine.endswith("-static"))
+    small = gen.session(2, PARAMS)
+    with torch.inference_mode():
+        out = {i: list(t) for i, t in enumerate(small.admit(0, prompts[:2], PARAMS))}
+        if engine == "fell-back":
+            small.speculating = False  # as after the policy's fallback: the draft cache is no longer extended
+        for _ in range(3):
+            for row, toks in small.step().items():
+                out[row] += toks
+        big = gen.grow(small, 4)
+        assert big.batch == 4 and sorted(big.rows) == [0, 1] and big.free_rows() == [2, 3]
+        assert getattr(big, "speculating", False) == (engine not in ("plain", "fell-back"))
+        lens = small.cache.lens[:2]
+        assert torch.equal(big.cache.lens[:2], lens) and torch.equal(big.roots[:2], small.roots)
+        caches = [(big.cache, small.cache)] + ([(big.dcache, small.dcache)] if engine != "plain" else [])
+        for mine, theirs in caches:  # every committed slot of both rows, every layer
+            for a, b in zip((*mine.k, *mine.v), (*theirs.k, *theirs.v)):
+                assert all(torch.equal(a[r, :, :n], b[r, :, :n]) for r, n in enumerate(lens.tolist()))
+        if engine != "plain":
+            assert torch.equal(big.state.seed[:2], small.state.seed)
+        for row, toks in zip((2, 3), big.admit([2, 3], prompts[2:], PARAMS)):
+            out[row] = list(toks)
+        while big.running():
+            for row, toks in big.step().items():
+                out[row] += toks
+    assert [out[k] for k in range(4)] == alone
+    with pytest.raises(ValueError, match="adopts at most"):
+        gen.session(2, PARAMS).adopt(big)
