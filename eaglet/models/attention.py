@@ -12,9 +12,11 @@ per query head.
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglet.kv_cache import AttnMeta, KVCache
 
@@ -23,6 +25,13 @@ from eaglet.kv_cache import AttnMeta, KVCache
 IMPL = "auto"
 GROUPED_MAX_QUERIES = 128
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def no_cudnn_attention():
+    """SDPA without its cuDNN kernel, which builds a plan for every new shape: ~1 s per training step on
+    an H200 with length-bucketed batches (measured), where the other kernels need no plan. Prefill
+    meets a new shape with nearly every prompt length (a server's requests, regeneration's admissions)."""
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _kernel_applies(q: torch.Tensor, meta: AttnMeta) -> bool:
@@ -51,8 +60,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         IMPL == "grouped" or (IMPL == "auto" and q.is_cuda and q.shape[2] <= GROUPED_MAX_QUERIES)
     )
     if not use_grouped:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        # Eager CUDA calls only: compiled steps have static shapes, so a plan would be built once.
+        with no_cudnn_attention() if q.is_cuda and not torch.compiler.is_compiling() else nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=q.shape[1] != k.shape[1])
     b, nq, t, d = q.shape
     nkv, s = k.shape[1], k.shape[2]
     g = nq // nkv

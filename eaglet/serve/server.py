@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+import torch
+
 from eaglet.options import DEFAULT_MAX_BATCH, ServeConfig
 from eaglet.parallel.control import ControlChannel
 from eaglet.parallel.launch import rank_device, run_tp, under_torchrun
@@ -51,10 +53,31 @@ def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
     return spec_engine(target, draft_path, t.max_context, cfg.engine)
 
 
+# Prompt lengths that meet every variant of the Triton attention kernel a prefill compiles: its block
+# sizes follow the length up to 128 tokens, and a length divisible by 16 is a variant of its own.
+PREFILL_LENGTHS = (3, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+def warm_prefills(engine) -> None:
+    """Prefill once at each of ``PREFILL_LENGTHS`` (into a scratch cache), so the kernels a prefill compiles
+    on first use are built before the first request (an H200 server's first requests waited up to 2.1 s).
+    The draft's prefill and the capture run the same kernel variants as the target's."""
+    from eaglet.generate import prefill
+
+    model = engine.target.model
+    cache = model.new_cache(1, max(PREFILL_LENGTHS) + 1)
+    for n in PREFILL_LENGTHS:
+        if n < engine.capacity:
+            cache.reset()
+            prefill(engine.target, cache, [[0] * n])
+
+
 def warm_up(engine, cfg: ServeConfig, tp: TPGroup = SINGLE) -> None:
     """Build every batch size's compiled step now, so that no request waits for a compile."""
     if not (engine.use_graphs if cfg.warm_up is None else cfg.warm_up):
         return
+    with torch.inference_mode():
+        warm_prefills(engine)
     sizes = batch_sizes(cfg, engine.use_graphs)
     for i, b in enumerate(sizes):
         t0 = time.perf_counter()

@@ -17,7 +17,8 @@ from eaglet.data.prompts import Conversation
 from eaglet.data.template import tokenize_conversations
 from eaglet.draft.model import Eagle3Draft
 from eaglet.loading.target import Target
-from eaglet.train.inputs import Featurizer, StepInputs, no_cudnn_attention
+from eaglet.models.attention import no_cudnn_attention
+from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import summarize
 from eaglet.train.ttt import STATS, TTTLoss
 

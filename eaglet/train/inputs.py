@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglet.capture import CaptureSpec
 from eaglet.data.dataset import TokenData, pad_right
 from eaglet.data.features import FeatureSet
 from eaglet.loading.target import Target
+from eaglet.models.attention import no_cudnn_attention
 
 
 @dataclass
@@ -33,12 +33,6 @@ class StepInputs:
     @property
     def num_tokens(self) -> int:
         return int(self.mask.numel())
-
-
-def no_cudnn_attention():
-    """SDPA without its cuDNN kernel, which builds a plan for every new shape: ~1 s per step on an
-    H200 with length-bucketed batches (measured), where the other kernels need no plan."""
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class Featurizer:

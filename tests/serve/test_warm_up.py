@@ -9,9 +9,20 @@ from eaglet.serve.server import warm_up
 from tests.serve.conftest import new_engine
 
 
-def test_warm_up_builds_each_size_and_changes_no_output(served_dirs, one_thread):
+def test_warm_up_builds_each_size_and_changes_no_output(served_dirs, one_thread, monkeypatch):
+    import eaglet.generate
+    from eaglet.serve.server import PREFILL_LENGTHS
+
+    seen, real = [], eaglet.generate.prefill
+
+    def counted(target, cache, prompts):
+        seen.append(len(prompts[0]))
+        return real(target, cache, prompts)
+
+    monkeypatch.setattr(eaglet.generate, "prefill", counted)
     engine = new_engine(served_dirs)
     warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1, 2), warm_up=True))
+    assert seen == list(PREFILL_LENGTHS)  # a prefill at each length whose kernel variant compiles on first use
     assert set(engine._caches) == {1, 2}
     assert set(engine.policy.plain_step_s) == {1, 2}
     assert {b for b, _ in engine.policy.iteration_s} == {1, 2}
