@@ -146,3 +146,24 @@ def test_malformed_body_and_bad_prompt_ids(served):
     # the server goes on
     ok = served.client().completions.create(model=served.model, prompt="a", max_tokens=2, temperature=0)
     assert ok.usage.completion_tokens == 2
+
+
+def test_tokens_queued_behind_one_another_go_out_as_one_chunk():
+    import asyncio
+
+    from eaglet.generate import Completion
+    from eaglet.serve.app import coalesced
+    from eaglet.serve.scheduler import Failure
+
+    async def run():
+        q = asyncio.Queue()
+        for e in ([3, 4], [5], Completion([1, 2, 3, 4, 5], "stop"), [9]):
+            q.put_nowait(e)
+        first = coalesced([1, 2], q)  # the tokens, merged, then the end; nothing past the end is read
+        assert first == [[1, 2, 3, 4, 5], Completion([1, 2, 3, 4, 5], "stop")] and q.qsize() == 1
+        q.get_nowait()
+        assert coalesced([7], q) == [[7]]  # nothing waiting
+        q.put_nowait(Failure(500, "boom"))
+        assert coalesced(Failure(503, "stop"), q) == [Failure(503, "stop")] and q.qsize() == 1
+
+    asyncio.run(run())
