@@ -68,11 +68,22 @@ def _embedded_gguf(name: str) -> Path:
     return path
 
 
+def _content_key(path: Path, sample: int = 2**20) -> str:
+    """A key of the file's content (its size, first and last MiB), not of where or when it was installed:
+    every install of one GGUF (a venv each, a reinstall) shares one conversion instead of adding a copy."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(sample))
+        f.seek(max(size - sample, 0))
+        h.update(f.read(sample))
+    return h.hexdigest()[:12]
+
+
 def _convert_gguf(gguf: Path) -> Path:
     """The cached HF directory for a GGUF file, converting it on first use."""
     st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = cache_root() / f"{gguf.stem}-{key}"
+    out = cache_root() / f"{gguf.stem}-{_content_key(gguf)}"
     if (out / "config.json").is_file():
         return out
     from transformers import AutoTokenizer

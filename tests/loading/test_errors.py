@@ -200,3 +200,9 @@ def test_the_first_conversion_says_what_where_and_how_big(tmp_path, cache_dir, m
     assert f"writing 1 MiB to {out}" in err and "converted tiny.gguf in" in err
     assert out.parent == cache_dir and _convert_gguf(f) == out
     assert capsys.readouterr().err == ""  # later runs say nothing
+    (tmp_path / "elsewhere").mkdir()  # the same file installed elsewhere (another venv): the same conversion
+    copy = tmp_path / "elsewhere" / "tiny.gguf"
+    copy.write_bytes(f.read_bytes())
+    assert _convert_gguf(copy) == out and capsys.readouterr().err == ""
+    copy.write_bytes(b"\1" + f.read_bytes()[1:])  # other content: converted on its own
+    assert _convert_gguf(copy) != out
