@@ -169,6 +169,8 @@ class Session:
         if n > self.batch or self.rows:
             raise ValueError(f"an empty session of {self.batch} rows adopts at most as many, got {n} into "
                              f"{len(self.rows)} running")
+        if old.own_draws != self.own_draws or not same_sampling(old.params, self.params):
+            raise ValueError("a session adopts rows sampled as its own are (draws and temperature, top-p, top-k)")
         self.cache.copy_rows_from(old.cache, torch.arange(n, device=self.roots.device))
         self.roots[:n] = old.roots
         self.active[:n] = old.active

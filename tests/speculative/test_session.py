@@ -148,3 +148,5 @@ def test_a_full_batch_grows_in_place(agreeing, engine):
     assert [out[k] for k in range(4)] == alone
     with pytest.raises(ValueError, match="adopts at most"):
         gen.session(2, PARAMS).adopt(big)
+    with pytest.raises(ValueError, match="sampled as its own"):
+        gen.session(8, SamplingParams(temperature=0.7)).adopt(big)
