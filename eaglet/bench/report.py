@@ -35,7 +35,18 @@ def summarize(runs: list[Run]) -> dict:
         "verifies": len(accepts),
         "acceptance_by_position": [round(x, 4) for x in acceptance_by_position(accepts)] or None,
         "accept_length_histogram": dict(sorted(Counter(accepts).items())) or None,
+        "seconds_fit": seconds_fit(runs),
     }
+
+
+def seconds_fit(runs: list[Run]) -> dict | None:
+    """At batch 1, a prompt's seconds as a fixed cost plus a cost per token (least squares over prompts):
+    the fixed part (prefill, the first token, the last chunk's spare steps) is what a per-step rate hides.
+    None when prompts shared batches or their token counts do not vary."""
+    if len({r.batch for r in runs}) < len(runs) or len({len(r.tokens) for r in runs}) < 2:
+        return None
+    slope, intercept = statistics.linear_regression([len(r.tokens) for r in runs], [r.seconds for r in runs])
+    return {"fixed_ms": round(1e3 * intercept, 2), "per_token_ms": round(1e3 * slope, 4)}
 
 
 def _batch_seconds(runs: list[Run]) -> float:

@@ -184,3 +184,13 @@ def test_every_prompt_shape_is_warm_before_timing(chat_model_dir, draft_dir, pro
                      ("SpecEngine", 2, 12, True), ("SpecEngine", 3, 2, False),
                      ("PlainGenerator", 2, 12, None), ("SpecEngine", 2, 12, True),
                      ("SpecEngine", 1, 12, True), ("PlainGenerator", 1, 12, None)]
+
+
+def test_batch_one_seconds_split_into_a_fixed_cost_and_a_cost_per_token():
+    from eaglet.bench.methods import Run
+    from eaglet.bench.report import seconds_fit
+
+    runs = [Run([0] * n, 0.025 + 0.001 * n, "stop", batch=i) for i, n in enumerate((10, 50, 200, 7))]
+    assert seconds_fit(runs) == {"fixed_ms": 25.0, "per_token_ms": 1.0}
+    assert seconds_fit([Run([0] * 5, 0.1, "stop", batch=0), Run([0] * 9, 0.1, "stop", batch=0)]) is None  # one batch
+    assert seconds_fit([Run([0] * 5, 0.1, "stop", batch=i) for i in range(3)]) is None  # no spread in tokens
