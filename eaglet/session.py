@@ -171,20 +171,11 @@ class Session:
                              f"{len(self.rows)} running")
         if old.own_draws != self.own_draws or not same_sampling(old.params, self.params):
             raise ValueError("a session adopts rows sampled as its own are (draws and temperature, top-p, top-k)")
-        old.forget_free_rows(old.cache)
         self.cache.copy_rows_from(old.cache, torch.arange(n, device=self.roots.device))
         self.roots[:n] = old.roots
         self.active[:n] = old.active
         self.rows, self.draws, self.gen = dict(old.rows), dict(old.draws), old.gen
         self.verifies, self.accepted = old.verifies, old.accepted
-
-    def forget_free_rows(self, cache) -> None:
-        """Zero the lengths of ``cache``'s free rows: a freed row keeps its last length (a speculative row's
-        may pass the context by part of a tree), which a copy of the rows would otherwise carry along.
-        Nothing reads a free row; admission resets it."""
-        free = self.free_rows()
-        if free:
-            cache.lens[torch.tensor(free, device=cache.lens.device)] = 0
 
     def check_prompt(self, prompt: list[int]) -> None:
         """Raise if the context cannot hold ``prompt`` and a token: a caller admitting several prompts checks

@@ -48,7 +48,6 @@ class SpecSession(Session):
         no longer extended its draft cache, so the larger one decodes plainly too."""
         super().adopt(old)
         n = old.batch
-        old.forget_free_rows(old.dcache)
         self.dcache.copy_rows_from(old.dcache, torch.arange(n, device=self.roots.device))
         self.state.seed[:n] = old.state.seed
         self.speculating = self.speculating and old.speculating

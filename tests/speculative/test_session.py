@@ -150,19 +150,3 @@ def test_a_full_batch_grows_in_place(agreeing, engine):
         gen.session(2, PARAMS).adopt(big)
     with pytest.raises(ValueError, match="sampled as its own"):
         gen.session(8, SamplingParams(temperature=0.7)).adopt(big)
-
-
-def test_growing_leaves_the_stale_lengths_of_free_rows_behind(agreeing):
-    """A freed row keeps its last length, which for a speculative row may pass the context by part of a
-    tree; the larger session's cache (its own margin) must not receive it."""
-    target, draft = agreeing
-    eng = SpecEngine(target, draft, CONTEXT, *TREES["tree"], adaptive=False, log=lambda _: None)
-    small = eng.session(2, PARAMS)
-    with torch.inference_mode():
-        small.admit(0, prompts_of([6], seed=2), PARAMS)
-        small.step()
-        for cache in (small.cache, small.dcache):
-            cache.lens[1] = cache.capacity  # as a row freed after committing past the context
-        big = eng.grow(small, 4)
-    assert big.cache.lens.tolist()[1:] == [0, 0, 0] and big.dcache.lens.tolist()[1:] == [0, 0, 0]
-    assert big.cache.lens[0] == small.cache.lens[0] > 6
