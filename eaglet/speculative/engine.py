@@ -113,7 +113,7 @@ class _Iteration:
     def __init__(self, eng: SpecEngine, tcache, dcache, state: _State, cfg: TreeConfig, params: SamplingParams):
         model, draft, embed, capture, tp = eng.target.model, eng.draft, eng.target.model.embed, eng.capture, eng.tp
         t_slots, d_slots = (tcache.capacity, dcache.capacity) if eng.static_shapes else (None, None)
-        b, dev, width = tcache.batch, eng.device, cfg.num_steps + 1
+        b, dev, width, context = tcache.batch, eng.device, cfg.num_steps + 1, eng.capacity
         self.cfg, self.state, self.device = cfg, state, dev
         self.noise: list[torch.Tensor] = []  # uniforms the sampling path reads, redrawn before each call
         if not params.greedy:
@@ -137,8 +137,10 @@ class _Iteration:
                 acc = Acceptance(zeros[:, :width], zeros[:, width], zeros[:, width + 1])
             acc = share_acceptance(acc, tp)
             emitted = acc.emitted(tree)  # [B, W]: the token after each path node
-            seed = commit_and_extend(draft, embed, tcache, dcache, aux, acc.path, acc.n_path * state.active,
-                                     emitted, d_slots)
+            # A row that reaches the context commits no further (the host drops the tokens past its limit):
+            # finished rows still grow trees above their length, which the cache's margin holds only there.
+            n_commit = torch.minimum(acc.n_path, (context - tcache.lens).clamp(min=0)) * state.active
+            seed = commit_and_extend(draft, embed, tcache, dcache, aux, acc.path, n_commit, emitted, d_slots)
             state.seed.copy_(seed)
             state.roots.copy_(acc.next_token)
             return torch.cat([emitted, acc.n_path.view(-1, 1)], dim=1)  # [B, W+1]

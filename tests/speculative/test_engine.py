@@ -317,3 +317,19 @@ def test_policy_steps_down_only_to_trees_already_built(target):
     assert not eng.policy.ready(2, cfg)
     eng._iterations[(2, cfg, None)] = object()  # what _iteration stores once built (no compile needed here)
     assert eng.policy.ready(2, cfg) and not eng.policy.ready(1, cfg)
+
+
+@pytest.mark.parametrize("tree, static, seed, plen", [("wide", True, 2, 55), ("chain", False, 4, 58),
+                                                      ("tree", False, 5, 40)])
+def test_a_row_reaching_the_context_commits_no_further(agreeing, tree, static, seed, plen):
+    """The row that fills the context ends while the other runs on; its last path is not committed past the
+    context (its later trees, grown above its length, stay inside the cache's margin: these cases wrote
+    past the cache before), and both rows decode what they decode alone."""
+    target, draft = agreeing
+    ctx, params = 64, SamplingParams(max_new_tokens=200)
+    prompts = prompts_of([plen, 5], seed=seed)
+    alone = [PlainGenerator(target, ctx).generate([p], params)[0].tokens for p in prompts]
+    eng = SpecEngine(target, draft, ctx, *TREES[tree], adaptive=False, log=lambda _: None, static_shapes=static)
+    out = eng.generate(prompts, params)
+    assert [o.tokens for o in out] == alone and len(out[0].tokens) == ctx - plen
+    assert int(eng._caches[2][0].lens.max()) <= ctx
