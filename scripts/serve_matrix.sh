@@ -9,7 +9,9 @@
 # Env: PROMPTS (default builtin), N requests per run (64), MAX_NEW tokens (256), LEVELS of
 # concurrency ("1 16 64"), SIZES the server's batch sizes (1,16,64: each builds its own graphs,
 # all before the server listens), PORT (8123), SERVE_ARGS (extra serve options),
-# RUN_TIMEOUT seconds per bench run (300), DRAFTS the servers to run ("default none"), OFFLINE=0 to skip
+# RUN_TIMEOUT seconds per bench run (300), DRAFTS the servers to run ("default none"), SERVE the server
+# command ("python3 -m eaglet.cli serve"; .dev-style wrappers that time the request path take the
+# same arguments), OFFLINE=0 to skip
 # the offline bench. A machine that limits each command's time runs it in pieces into one OUTDIR
 # (DRAFTS=default OFFLINE=0, then DRAFTS=none OFFLINE=0, then DRAFTS= ); the last prints the whole table.
 set -u
@@ -39,7 +41,7 @@ EOF
 for draft in ${DRAFTS-default none}; do
   echo "== serve --draft $draft"
   # shellcheck disable=SC2086
-  python3 -m eaglet.cli serve --target "$target" --draft "$draft" --port "$port" --batch-sizes "${SIZES:-1,16,64}" \
+  ${SERVE:-python3 -m eaglet.cli serve} --target "$target" --draft "$draft" --port "$port" --batch-sizes "${SIZES:-1,16,64}" \
     --warm-up ${SERVE_ARGS:-} >"$out/serve-$draft.log" 2>&1 &
   server=$!
   if ! up; then
