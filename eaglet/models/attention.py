@@ -27,11 +27,15 @@ GROUPED_MAX_QUERIES = 128
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def no_cudnn_attention():
-    """SDPA without its cuDNN kernel, which builds a plan for every new shape: ~1 s per training step on
-    an H200 with length-bucketed batches (measured), where the other kernels need no plan. Prefill
-    meets a new shape with nearly every prompt length (a server's requests, regeneration's admissions)."""
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
+    """F.scaled_dot_product_attention, never with its cuDNN kernel in eager CUDA calls: that kernel builds a
+    plan for every new shape (~1 s per training step on an H200 with length-bucketed batches, measured),
+    where the others need none, and training batches, prefills and regeneration's admissions bring new
+    shapes all the time. Compiled steps have static shapes: a plan there would be built once."""
+    eager_cuda = q.is_cuda and not torch.compiler.is_compiling()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]) \
+            if eager_cuda else nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
 def _kernel_applies(q: torch.Tensor, meta: AttnMeta) -> bool:
@@ -60,10 +64,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         IMPL == "grouped" or (IMPL == "auto" and q.is_cuda and q.shape[2] <= GROUPED_MAX_QUERIES)
     )
     if not use_grouped:
-        # Eager CUDA calls only: compiled steps have static shapes, so a plan would be built once.
-        with no_cudnn_attention() if q.is_cuda and not torch.compiler.is_compiling() else nullcontext():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                  enable_gqa=q.shape[1] != k.shape[1])
+        return sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
     b, nq, t, d = q.shape
     nkv, s = k.shape[1], k.shape[2]
     g = nq // nkv

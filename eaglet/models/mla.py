@@ -21,11 +21,11 @@ kernel (tree_attention.py) is written for separate K/V of head dim 64/128 and do
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.models.attention import sdpa
 from eaglet.models.deepseek_config import DeepseekConfig
 from eaglet.models.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, apply_rotary
 from eaglet.parallel.state import SINGLE, TPGroup
@@ -128,8 +128,8 @@ class LatentAttention(nn.Module):
         k_nope, v = kv.split([self.dn, self.dv], dim=-1)  # [B, S, n, dn], [B, S, n, dv]
         k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(b, s, self.n, self.dr)], dim=-1)  # [B, S, n, dn + dr]
         q = torch.cat([q_nope, q_rope], dim=-1)  # [B, T, n, dn + dr]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=mask, is_causal=mask is None, scale=self.scale)
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=mask is None,
+                   scale=self.scale)
         return out.transpose(1, 2)
 
     def _absorbed(self, q_nope: torch.Tensor, q_rope: torch.Tensor, entries: torch.Tensor,

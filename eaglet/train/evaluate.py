@@ -17,7 +17,6 @@ from eaglet.data.prompts import Conversation
 from eaglet.data.template import tokenize_conversations
 from eaglet.draft.model import Eagle3Draft
 from eaglet.loading.target import Target
-from eaglet.models.attention import no_cudnn_attention
 from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import summarize
 from eaglet.train.ttt import STATS, TTTLoss
@@ -25,7 +24,7 @@ from eaglet.train.ttt import STATS, TTTLoss
 
 def unroll(model: torch.nn.Module, inp: StepInputs, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The TTT unroll of ``model`` (a TTTLoss, or DDP around one) on one batch: (loss, stats)."""
-    with torch.autocast(inp.ids.device.type, dtype=torch.bfloat16, enabled=autocast), no_cudnn_attention():
+    with torch.autocast(inp.ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         return model(inp.aux, inp.emb, inp.ids, inp.mask, inp.target_logp, inp.target_top)
 
 

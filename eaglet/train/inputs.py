@@ -18,7 +18,6 @@ from eaglet.capture import CaptureSpec
 from eaglet.data.dataset import TokenData, pad_right
 from eaglet.data.features import FeatureSet
 from eaglet.loading.target import Target
-from eaglet.models.attention import no_cudnn_attention
 
 
 @dataclass
@@ -65,8 +64,7 @@ class Featurizer:
             t = self._length([p[0].numel() for p in pairs])
             ids = pad_right([p[0].long() for p in pairs], 0, t).to(dev)
             mask = pad_right([p[1] for p in pairs], False, t).to(dev)
-            with no_cudnn_attention():
-                hidden, aux = model(ids, capture=self.capture.points)
+            hidden, aux = model(ids, capture=self.capture.points)
         logits = model.logits(hidden)  # [B, T, V]
         top = logits.argmax(-1)  # [B, T]
         logp = logits.index_select(-1, self.draft_ids).float().log_softmax(-1)  # [B, T, Vd]
