@@ -135,16 +135,17 @@ def tokenized(target: Target, convs: list[Conversation], path: Path, max_len: in
 def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: DistInfo = SINGLE_PROCESS,
               regen: RegenConfig | None = None, features: str | None = None, val_features: str | None = None,
               val_fraction: float = 0.02, time_budget_s: float | None = None,
-              regen_budget_s: float | None = None, start: float | None = None,
-              train_tokens_per_s: float | None = None, clock: Clock | None = None) -> dict:
-    """Budgets count from ``start`` (default: now), e.g. the command's own start, target loading included.
+              regen_budget_s: float | None = None, train_tokens_per_s: float | None = None,
+              clock: Clock | None = None) -> dict:
+    """Budgets count from ``clock.start`` (default: a clock started now), e.g. the command's own start,
+    target loading and earlier pieces of the job included; the clock books the seconds of each stage
+    (regenerate, tokenize, train: validation and export included).
 
     With ``regen`` and a budget, regeneration stops as ``BudgetSplit`` says (``regen_budget_s``
-    caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure). ``clock`` books the
-    seconds of each stage (regenerate, tokenize, train: validation and export included).
+    caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure).
     """
-    start = start or time.time()
     clock = clock or Clock()
+    start = clock.start
     where = target.model.embed.weight.device
     if dist.device.type != where.type:  # SINGLE_PROCESS is the CPU: a caller with a GPU target must say so
         raise EagletError(f"the target is on {where} but training would run on {dist.device}; pass "

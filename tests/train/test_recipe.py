@@ -147,7 +147,7 @@ def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_targe
     elapsed = []
 
     def fake_run_train(*args):
-        budget, start = args[9], args[11]
+        budget, start = args[9], args[-1].start  # the job's Clock comes last
         elapsed.append((budget, time.time() - start))
         if len(elapsed) == 1:
             time.sleep(0.5)
