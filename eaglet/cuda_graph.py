@@ -39,7 +39,8 @@ def idle(active: torch.Tensor, *state: torch.Tensor):
 
 
 class GraphedStep:
-    def __init__(self, fn: Callable[..., torch.Tensor], *example: torch.Tensor, warmup: int = 2):
+    def __init__(self, fn: Callable[..., torch.Tensor], *example: torch.Tensor, warmup: int = 2, pool=None):
+        """``pool``: a memory pool shared with graphs that never run at the same time (``graph_pool_handle``)."""
         self.inputs = [x.clone() for x in example]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -48,7 +49,7 @@ class GraphedStep:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.output = fn(*self.inputs)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import broadcast_from_rank0
+from eaglet.prefill import PrefillGraphs
 from eaglet.sampling import SamplingParams, sample_at
 
 
@@ -82,14 +83,18 @@ def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor
 
 def prefill(target: Target, cache, prompts: list[list[int]]) -> torch.Tensor:
     """Right-padded batched prefill; returns each row's last-position logits [B, V]."""
-    model = target.model
-    dev = cache.lens.device
-    ids, lengths = pad_batch(prompts, dev)
-    meta = cache.append_meta(ids.shape[1])
-    h, _ = model(ids, meta, cache)
+    ids, lengths = pad_batch(prompts, cache.lens.device)
+    logits, _ = prefill_forward(target.model, cache, ids, lengths - 1)
     cache.advance(lengths)
-    last = h[torch.arange(len(prompts), device=dev), lengths - 1]  # [B, H]
-    return model.logits(last)
+    return logits
+
+
+def prefill_forward(model, cache, ids: torch.Tensor, last: torch.Tensor, capture: tuple[int, ...] = (),
+                    n_slots: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ids [B, T] after each row's committed slots (not advanced) -> (logits at each row's position ``last``
+    [B, V], the captured points [B, T, k*H] or None). ``n_slots``: static shapes (``prefill.PrefillGraphs``)."""
+    h, aux = model(ids, cache.append_meta(ids.shape[1], n_slots), cache, capture=capture)
+    return model.logits(h[torch.arange(ids.shape[0], device=ids.device), last]), aux
 
 
 def decode_step(model, cache, static: bool, compile: bool = False,
@@ -118,6 +123,21 @@ def _compiled(fn: Callable, what: str) -> Callable:
     # torch.compile's default mode: per-shape max-autotune took minutes a batch size on an H200.
     print(f"eaglet: compiling {what} (first use at this batch size)", file=sys.stderr)
     return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+def target_prefills(target: Target, capacity: int, graphs: bool, bucketed: bool | None,
+                    capture: tuple[int, ...] = ()) -> PrefillGraphs | None:
+    """The target's prefill per bucket (``prefill.PrefillGraphs``: logits, then the captured points when
+    ``capture``), or None where ``bucketed`` (default: ``graphs``) is off."""
+    if not (graphs if bucketed is None else bucketed):
+        return None
+    model = target.model
+
+    def forward(ids: torch.Tensor, last: torch.Tensor, cache) -> tuple[torch.Tensor, ...]:
+        logits, aux = prefill_forward(model, cache, ids, last, capture, ids.shape[1])
+        return (logits, aux) if capture else (logits,)
+
+    return PrefillGraphs(model.new_cache, forward, model.embed.weight.device, capacity, graphs=graphs)
 
 
 # Plain steps per chunk under CUDA graphs. At batch 1 on the H200 the host's work per token
@@ -210,7 +230,9 @@ class DecodeChunks:
 
 class PlainGenerator:
     def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None,
-                 compile: bool | None = None, chunk: int | None = None):
+                 compile: bool | None = None, chunk: int | None = None, bucketed_prefill: bool | None = None):
+        """``bucketed_prefill``: prefill through ``PrefillGraphs`` (default: under CUDA graphs, where they are
+        captured; set on the CPU it runs the same padded forwards eagerly, a test mode)."""
         self.target = target
         self.capacity = context_size(target, max_context)
         self.device = target.model.embed.weight.device
@@ -228,6 +250,7 @@ class PlainGenerator:
         self._graphs: dict[int, object] = {}
         self._caches: dict[int, object] = {}
         self._chunks: dict[int, DecodeChunks] = {}
+        self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill)
 
     def _cache(self, batch: int):
         if batch not in self._caches:
@@ -269,7 +292,7 @@ class PlainGenerator:
         cache = self._cache(batch)
         # The one-step step is built at its first use: a greedy or own-draws session runs chunks only.
         return Session(self.target, cache, lambda ids: self._step_fn(cache)(ids), params, self.capacity,
-                       own_draws=own_draws, chunks=self._chunks_of(cache))
+                       own_draws=own_draws, chunks=self._chunks_of(cache), prefills=self.prefills)
 
     def grow(self, small, batch: int):
         """A session of ``batch`` rows holding ``small``'s rows (a full batch growing in place)."""

@@ -92,14 +92,15 @@ class KVCache:
         view._rows = self._rows[: stop - start]
         return view
 
-    def copy_rows_from(self, src: KVCache, dst: torch.Tensor) -> None:
+    def copy_rows_from(self, src: KVCache, dst: torch.Tensor, slots: int | None = None) -> None:
         """Rows ``0..n-1`` of ``src`` (their committed slots and ``lens``) into rows ``dst`` [n] of this cache.
 
         In place, so the tensors a captured graph reads stay the same. The slots copied run to the
-        longest row's ``lens``; a shorter row's extra slots lie past its ``lens``, where nothing reads.
-        Whole slots move, whatever a slot holds (a subclass without V has an empty ``v``).
+        longest row's ``lens`` (``slots`` when the caller knows it: no read of ``lens`` from the device); a
+        shorter row's extra slots lie past its ``lens``, where nothing reads. Whole slots move, whatever a
+        slot holds (a subclass without V has an empty ``v``).
         """
-        s = int(src.lens.max())
+        s = int(src.lens.max()) if slots is None else slots
         for mine, theirs in zip((*self.k, *self.v), (*src.k, *src.v)):
             mine[dst, :, :s] = theirs[:, :, :s]
         self.lens[dst] = src.lens
@@ -180,4 +181,8 @@ class Landing:
         view = scratch.rows(0, n)
         view.reset()
         yield view
-        self.cache.copy_rows_from(view, torch.tensor(list(rows), device=self.cache.lens.device))
+        self.land(view, rows)
+
+    def land(self, view: KVCache, rows: Sequence[int], slots: int | None = None) -> None:
+        """Copy ``view``'s rows, prefilled elsewhere (``prefill.PrefillGraphs``), into the cache's ``rows``."""
+        self.cache.copy_rows_from(view, torch.tensor(list(rows), device=self.cache.lens.device), slots)

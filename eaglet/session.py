@@ -33,6 +33,7 @@ from eaglet.generate import Completion, DecodeChunks, StopChecker, prefill
 from eaglet.kv_cache import Landing
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
+from eaglet.prefill import PrefillGraphs
 from eaglet.sampling import SamplingParams, sample, sample_at
 
 
@@ -78,8 +79,10 @@ class Session:
 
     def __init__(self, target: Target, cache, decode: Callable[[torch.Tensor], torch.Tensor],
                  params: SamplingParams, capacity: int, roots: torch.Tensor | None = None,
-                 active: torch.Tensor | None = None, own_draws: bool = False, chunks: DecodeChunks | None = None):
+                 active: torch.Tensor | None = None, own_draws: bool = False, chunks: DecodeChunks | None = None,
+                 prefills: PrefillGraphs | None = None):
         self.target, self.cache, self.decode, self.params, self.capacity = target, cache, decode, params, capacity
+        self.prefills = prefills  # the target's prefill captured per bucket (its first output: logits), or None
         dev = cache.lens.device
         self.chunks = chunks  # several steps per host read (greedy and own-draws sessions), else None
         if chunks is not None:  # the tensors its chunks read
@@ -186,8 +189,17 @@ class Session:
 
     def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Prompts into their rows' caches (one forward) -> the sampled pending tokens [n]."""
-        with self.landing.into(rows, max(map(len, prompts))) as view:
+        longest = max(map(len, prompts))
+        if self.graphed_prefill(prompts):
+            (logits, *_), view = self.prefills.run(prompts)
+            self.landing.land(view, rows, longest)
+            return self.sample(logits[: len(rows)], rows)
+        with self.landing.into(rows, longest) as view:
             return self.sample(prefill(self.target, view, prompts), rows)
+
+    def graphed_prefill(self, prompts: list[list[int]]) -> bool:
+        """Whether ``prompts`` are prefilled by a captured graph (few enough, short enough), else eagerly."""
+        return self.prefills is not None and self.prefills.bucket(len(prompts), max(map(len, prompts))) is not None
 
     def _add(self, row: int, tokens: list[int]) -> list[int]:
         r = self.rows[row]

@@ -61,9 +61,14 @@ PREFILL_LENGTHS = (3, 8, 16, 24, 32, 48, 64, 96, 128)
 def warm_prefills(engine) -> None:
     """Prefill once at each of ``PREFILL_LENGTHS`` (into a scratch cache), so the kernels a prefill compiles
     on first use are built before the first request (an H200 server's first requests waited up to 2.1 s).
-    The draft's prefill and the capture run the same kernel variants as the target's."""
+    The draft's prefill and the capture run the same kernel variants as the target's. Where prefills run
+    as captured graphs (``prefill.PrefillGraphs``), a single row's are captured at every length too; the
+    eager prefill still serves admissions of more rows or longer prompts."""
     from eaglet.generate import prefill
 
+    for graphs in (engine.prefills, getattr(engine, "draft_prefills", None)):
+        if graphs is not None:
+            graphs.prepare(1)
     model = engine.target.model
     cache = model.new_cache(1, max(PREFILL_LENGTHS) + 1)
     for n in PREFILL_LENGTHS:

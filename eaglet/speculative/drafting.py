@@ -17,6 +17,7 @@ import torch
 
 from eaglet.generate import pad_batch
 from eaglet.kv_cache import KVCache
+from eaglet.prefill import PrefillGraphs
 
 
 def _clamped(meta, max_pos: int):
@@ -27,12 +28,24 @@ def _clamped(meta, max_pos: int):
 def draft_prefill(draft, embed, cache: KVCache, prompts: list[list[int]], aux: torch.Tensor,
                   roots: torch.Tensor) -> torch.Tensor:
     """Anchors 0..P-1 of each prompt; aux [B, T, k*H] from the target's prefill -> seed [B, H]."""
-    nexts = [p[1:] + [r] for p, r in zip(prompts, roots.tolist())]
-    ids, lengths = pad_batch(nexts, cache.lens.device)  # ids [B, T]
-    meta = _clamped(cache.append_meta(ids.shape[1]), draft.rotary.cos.shape[0] - 1)
-    out = draft(draft.fuse(aux), embed(ids), meta, cache)  # [B, T, H]
+    ids, lengths = pad_batch(anchor_tokens(prompts, roots), cache.lens.device)  # ids [B, T]
+    seed = draft_anchors(draft, embed, cache, ids, lengths - 1, aux)
     cache.advance(lengths)
-    return out[torch.arange(len(prompts), device=ids.device), lengths - 1]
+    return seed
+
+
+def anchor_tokens(prompts: list[list[int]], roots: torch.Tensor) -> list[list[int]]:
+    """The token after each prompt position: the prompt shifted by one, then its sampled root."""
+    return [p[1:] + [r] for p, r in zip(prompts, roots.tolist())]
+
+
+def draft_anchors(draft, embed, cache: KVCache, ids: torch.Tensor, last: torch.Tensor, aux: torch.Tensor,
+                  n_slots: int | None = None) -> torch.Tensor:
+    """Anchors after each row's committed slots (not advanced): ids [B, T] the next tokens, aux [B, T, k*H]
+    -> the draft output at each row's position ``last`` [B, H]. ``n_slots``: static shapes."""
+    meta = _clamped(cache.append_meta(ids.shape[1], n_slots), draft.rotary.cos.shape[0] - 1)
+    out = draft(draft.fuse(aux), embed(ids), meta, cache)  # [B, T, H]
+    return out[torch.arange(ids.shape[0], device=ids.device), last]
 
 
 def commit_and_extend(draft, embed, target_cache: KVCache, draft_cache: KVCache, aux: torch.Tensor,
@@ -51,3 +64,16 @@ def commit_and_extend(draft, embed, target_cache: KVCache, draft_cache: KVCache,
     out = draft(draft.fuse(feats), embed(anchor_tokens), meta, draft_cache)  # [B, W, H]
     draft_cache.advance(n_commit)
     return out[torch.arange(path.shape[0], device=path.device), (n_commit - 1).clamp(min=0)]
+
+
+def draft_prefills(draft, embed, capacity: int, graphs: bool, aux_width: int) -> PrefillGraphs:
+    """``draft_anchors`` per bucket (``prefill.PrefillGraphs``), reading the target's captured points of the
+    same bucket (``aux_width`` = k*H) -> (seed,)."""
+    p = embed.weight
+
+    def forward(ids: torch.Tensor, last: torch.Tensor, cache: KVCache, aux: torch.Tensor) -> tuple[torch.Tensor]:
+        return (draft_anchors(draft, embed, cache, ids, last, aux, ids.shape[1]),)
+
+    return PrefillGraphs(draft.new_cache, forward, p.device, capacity, graphs=graphs,
+                         extra=lambda rows, length: (torch.zeros(rows, length, aux_width, dtype=p.dtype,
+                                                                 device=p.device),))

@@ -38,14 +38,14 @@ import torch
 
 from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
 from eaglet.errors import EagletError
-from eaglet.generate import CHUNK_STEPS, Completion, DecodeChunks, context_size, decode_step
+from eaglet.generate import CHUNK_STEPS, Completion, DecodeChunks, context_size, decode_step, target_prefills
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
 from eaglet.sampling import SamplingParams
 from eaglet.session import bucket_size, decode_all, grown
 from eaglet.speculative.accept import Acceptance, greedy_accept, sample_accept
-from eaglet.speculative.drafting import commit_and_extend
+from eaglet.speculative.drafting import commit_and_extend, draft_prefills
 from eaglet.speculative.policy import BatchPolicy
 from eaglet.speculative.session import SpecSession
 from eaglet.speculative.tree import Tree, TreeConfig, build_tree
@@ -172,7 +172,7 @@ class SpecEngine:
     def __init__(self, target: Target, draft, max_context: int | None = None, num_steps: int | None = None,
                  topk: int | None = None, num_draft_tokens: int | None = None, use_graphs: bool | None = None,
                  adaptive: bool = True, log: Callable[[str], None] = _stderr, static_shapes: bool | None = None,
-                 compile: bool | None = None, chunk: int | None = None):
+                 compile: bool | None = None, chunk: int | None = None, bucketed_prefill: bool | None = None):
         given = {"--num-steps": num_steps, "--tree-topk": topk, "--num-draft-tokens": num_draft_tokens}
         if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
             missing = ", ".join(k for k, v in given.items() if v is None)
@@ -211,6 +211,10 @@ class SpecEngine:
         self._plain: dict[int, Callable] = {}
         self._chunks: dict[int, DecodeChunks] = {}
         self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
+        # Prefill per bucket (captured under CUDA graphs): the target's with capture, then the draft's anchors.
+        self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill, self.capture)
+        self.draft_prefills = draft_prefills(draft, target.model.embed, self.capacity, self.use_graphs,
+                                             len(self.capture) * c.target_hidden) if self.prefills else None
 
     def _rank0_says(self, flag: bool) -> bool:
         """Rank 0's value of a per-rank decision (the policy's, from per-rank timings)."""

@@ -20,7 +20,7 @@ import torch
 from eaglet.kv_cache import Landing
 from eaglet.sampling import SamplingParams
 from eaglet.session import Session
-from eaglet.speculative.drafting import draft_prefill
+from eaglet.speculative.drafting import anchor_tokens, draft_prefill
 from eaglet.speculative.verify import prefill
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class SpecSession(Session):
         if chunks is not None:
             chunks.chunk()
         super().__init__(eng.target, tcache, lambda ids: eng._plain_step(tcache)(ids), params, eng.capacity,
-                         state.roots, state.active, chunks=chunks)
+                         state.roots, state.active, chunks=chunks, prefills=eng.prefills)
         self.eng, self.dcache, self.state = eng, dcache, state
         self.draft_landing = Landing(dcache, eng.draft.new_cache)
         eng.policy.start_call(batch)
@@ -62,11 +62,19 @@ class SpecSession(Session):
         self.admissions += 1
         if not self.speculating:
             return super()._prefill(rows, prompts)
-        model, longest = self.target.model, max(map(len, prompts))
-        with self.landing.into(rows, longest) as tview, self.draft_landing.into(rows, longest) as dview:
-            logits, aux = prefill(model, tview, prompts, self.eng.capture)
-            roots = self.sample(logits, rows)  # [n]
-            seed = draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots)
+        model, longest, n = self.target.model, max(map(len, prompts)), len(prompts)
+        if self.graphed_prefill(prompts):
+            (logits, aux), tview = self.prefills.run(prompts)
+            roots = self.sample(logits[:n], rows)  # [n]
+            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(prompts, roots), aux)
+            seed = seed[:n]
+            self.landing.land(tview, rows, longest)
+            self.draft_landing.land(dview, rows, longest)
+        else:
+            with self.landing.into(rows, longest) as tview, self.draft_landing.into(rows, longest) as dview:
+                logits, aux = prefill(model, tview, prompts, self.eng.capture)
+                roots = self.sample(logits, rows)  # [n]
+                seed = draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots)
         self.state.seed[torch.tensor(rows, device=seed.device)] = seed
         return roots
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from eaglet.generate import pad_batch
+from eaglet.generate import pad_batch, prefill_forward
 from eaglet.kv_cache import KVCache
 from eaglet.models.llama import Transformer
 from eaglet.speculative.tree import Tree
@@ -22,10 +22,9 @@ def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]],
             capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded prefill -> (last-position logits [B, V], captured points [B, T, k*H])."""
     ids, lengths = pad_batch(prompts, cache.lens.device)
-    h, aux = model(ids, cache.append_meta(ids.shape[1]), cache, capture=capture)
+    logits, aux = prefill_forward(model, cache, ids, lengths - 1, capture)
     cache.advance(lengths)
-    last = h[torch.arange(len(prompts), device=ids.device), lengths - 1]  # [B, H]
-    return model.logits(last), aux
+    return logits, aux
 
 
 def verify(model: Transformer, cache: KVCache, tree: Tree, capture: tuple[int, ...],

@@ -1,0 +1,92 @@
+"""Prefill per bucket (``eaglet/prefill.py``): right-padded to a bucket's rows and length, run into a
+scratch cache and copied into the batch's rows, it must leave what the exact-shape prefill leaves.
+
+On the CPU the bucketed forwards run eagerly (``bucketed_prefill=True``), float32: the same caches,
+seeds and greedy tokens as the eager prefill, admitted into neighbouring rows and scattered ones. On
+CUDA they are captured graphs, and decoding with them must equal decoding without.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.generate import PlainGenerator
+from eaglet.prefill import LENGTHS, MAX_ROWS
+from eaglet.sampling import SamplingParams
+from eaglet.speculative import SpecEngine
+from tests.speculative.conftest import random_draft
+from tests.speculative.test_engine import prompts_of
+
+CONTEXT = 100  # buckets 16..96
+
+
+def test_buckets_round_rows_to_a_power_of_two_and_stop_at_the_context(target):
+    graphs = PlainGenerator(target, CONTEXT, bucketed_prefill=True).prefills
+    assert graphs.lengths == [x for x in LENGTHS if x <= CONTEXT] and graphs.lengths[-1] == 96
+    assert graphs.bucket(1, 1) == (1, 16)
+    assert graphs.bucket(3, 17) == (4, 32)
+    assert graphs.bucket(MAX_ROWS, 96) == (MAX_ROWS, 96)
+    assert graphs.bucket(MAX_ROWS + 1, 5) is None, "a large admission stays eager"
+    assert graphs.bucket(2, 97) is None, "a prompt past the longest bucket stays eager"
+    assert PlainGenerator(target, CONTEXT).prefills is None, "off by default without CUDA graphs"
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [1, 3], [2]])
+def test_bucketed_prefill_leaves_the_caches_and_seeds_of_the_eager_one(target, rows):
+    """Admitted into rows of a running batch of 4 (row 0 first holds a prompt, then more join)."""
+    draft = random_draft(target, seed=2)
+    prompts = prompts_of([5, 17, 40][: len(rows)], seed=4)
+    engines = [SpecEngine(target, draft, CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None, bucketed_prefill=b)
+               for b in (False, True)]
+    seen = []
+    for eng in engines:
+        s = eng.session(4, SamplingParams(max_new_tokens=8))
+        if 0 not in rows:
+            s.admit(0, prompts_of([9], seed=5), SamplingParams(max_new_tokens=8))
+        first = s.admit(rows, prompts, SamplingParams(max_new_tokens=8))
+        assert s.graphed_prefill(prompts) == (eng is engines[1])
+        lens = s.cache.lens.clone()
+        slots = int(lens.max())
+        seen.append((first, lens, s.dcache.lens.clone(), s.state.seed.clone(),
+                     [c[:, :, :slots] for c in (*s.cache.k, *s.cache.v, *s.dcache.k, *s.dcache.v)]))
+    (f0, l0, d0, seed0, kv0), (f1, l1, d1, seed1, kv1) = seen
+    assert f0 == f1 and torch.equal(l0, l1) and torch.equal(d0, d1)
+    torch.testing.assert_close(seed1, seed0, rtol=1e-5, atol=1e-5)
+    for mine, ref in zip(kv1, kv0):
+        for r in range(4):  # slots past a row's length hold padding in one and nothing in the other
+            torch.testing.assert_close(mine[r, :, : l0[r]], ref[r, :, : l0[r]], rtol=1e-5, atol=1e-5)
+
+
+def test_bucketed_prefill_decodes_the_same_tokens(target):
+    prompts = prompts_of([3, 16, 17, 50, 70], seed=6)
+    params = SamplingParams(max_new_tokens=20)
+    eager = PlainGenerator(target, CONTEXT).generate(prompts, params)
+    bucketed = PlainGenerator(target, CONTEXT, bucketed_prefill=True)
+    assert [c.tokens for c in bucketed.generate(prompts, params)] == [c.tokens for c in eager]
+    for p, ref in zip(prompts, eager):
+        assert bucketed.generate([p], params)[0].tokens == ref.tokens
+    spec = SpecEngine(target, random_draft(target, seed=2), CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None,
+                      bucketed_prefill=True)
+    assert [c.tokens for c in spec.generate(prompts, params)] == [c.tokens for c in eager]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphed_prefill_decodes_as_the_eager_one(tmp_path):
+    from tests.speculative.conftest import echo_draft, repeat_prone, tiny_target
+
+    target = repeat_prone(tiny_target(tmp_path, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                                      num_key_value_heads=1))
+    draft = echo_draft(target)
+    target.model.to("cuda")
+    draft.to("cuda")
+    prompts = prompts_of([7, 30, 100, 140], seed=3)  # Triton-kernel lengths and SDPA ones
+    params = SamplingParams(max_new_tokens=24)
+    eager = PlainGenerator(target, 160, bucketed_prefill=False).generate(prompts, params)
+    graphed = PlainGenerator(target, 160)
+    assert graphed.prefills is not None and graphed.prefills.graphs
+    assert [c.tokens for c in graphed.generate(prompts, params)] == [c.tokens for c in eager]
+    assert [graphed.generate([p], params)[0].tokens for p in prompts] == [c.tokens for c in eager]
+    eng = SpecEngine(target, draft, 160, 4, 1, 5, adaptive=False, log=lambda _: None)
+    assert eng.draft_prefills is not None
+    assert [c.tokens for c in eng.generate(prompts, params)] == [c.tokens for c in eager]
