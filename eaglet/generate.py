@@ -18,7 +18,7 @@ from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import broadcast_from_rank0
-from eaglet.prefill import PrefillGraphs
+from eaglet.prefill import PrefillGraphs, token_cap
 from eaglet.sampling import SamplingParams, sample_at
 
 
@@ -137,7 +137,9 @@ def target_prefills(target: Target, capacity: int, graphs: bool, bucketed: bool 
         logits, aux = prefill_forward(model, cache, ids, last, capture, ids.shape[1])
         return (logits, aux) if capture else (logits,)
 
-    return PrefillGraphs(model.new_cache, forward, model.embed.weight.device, capacity, graphs=graphs)
+    params = sum(p.numel() for p in model.parameters())
+    return PrefillGraphs(model.new_cache, forward, model.embed.weight.device, capacity, token_cap(params),
+                         graphs=graphs)
 
 
 # Plain steps per chunk under CUDA graphs. At batch 1 on the H200 the host's work per token

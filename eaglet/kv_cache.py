@@ -92,6 +92,23 @@ class KVCache:
         view._rows = self._rows[: stop - start]
         return view
 
+    def reshaped(self, rows: int, capacity: int) -> KVCache:
+        """This cache's storage seen as ``rows`` rows of ``capacity`` slots, with ``lens`` of its own: one
+        allocation serving as scratch for prefills of many shapes (``prefill.PrefillGraphs``), one at a time.
+        Its rows are not this cache's rows: writing through either changes what the other holds."""
+        if rows * capacity > self.batch * self.capacity:
+            raise ValueError(f"{rows} x {capacity} slots do not fit in {self.batch} x {self.capacity}")
+
+        def seen(t: torch.Tensor) -> torch.Tensor:  # [B, h, S, D] -> [rows, h, capacity, D] over the same memory
+            return t.view(-1)[: rows * t.shape[1] * capacity * t.shape[3]].view(rows, t.shape[1], capacity, t.shape[3])
+
+        view = copy.copy(self)
+        view.k, view.v = [seen(k) for k in self.k], [seen(v) for v in self.v]
+        view.capacity = capacity
+        view.lens = torch.zeros(rows, dtype=torch.long, device=self.lens.device)
+        view._rows = torch.arange(rows, device=self.lens.device).unsqueeze(1)
+        return view
+
     def copy_rows_from(self, src: KVCache, dst: torch.Tensor, slots: int | None = None) -> None:
         """Rows ``0..n-1`` of ``src`` (their committed slots and ``lens``) into rows ``dst`` [n] of this cache.
 

@@ -7,10 +7,15 @@ once: prompts are right-padded to the bucket's length and rows (padded rows and 
 compute on zeros, and nothing reads what they write), run into a scratch cache of the
 bucket's rows, and the rows' committed slots are then copied into the batch's cache.
 
-Buckets: rows up to ``MAX_ROWS`` rounded to a power of two (larger admissions, such as
-regeneration's, are compute-bound, and stay eager), lengths up to ``LENGTHS[-1]``. The graphs
-of one ``PrefillGraphs`` share one memory pool: they never run at once, and each output
-stays allocated, so no capture reuses another's outputs.
+Buckets: rows rounded up to a power of two, lengths up to ``LENGTHS[-1]``, at most
+``MAX_TOKENS`` padded tokens (rows x length), fewer for a large model (``token_cap``); a larger
+admission stays eager, where its
+compute, not its launches, sets the time. Regeneration admits tens of rows at a time at batch
+512, and each eager admission cost about as much as a few steps of the whole batch (inferred
+from its rate, not profiled). The graphs of one ``PrefillGraphs`` share one memory pool and one
+scratch cache of that many slots, seen as rows x slots per row bucket: they never run at
+once, each output stays allocated (so no capture reuses another's outputs), and a prefill's rows
+are copied out before the next one runs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import torch
 from eaglet.cuda_graph import GraphedStep
 from eaglet.kv_cache import KVCache
 
-MAX_ROWS = 8
+MAX_TOKENS = 16384  # padded tokens of the largest graphed prefill (SmolLM2: a 377 MB scratch cache in bf16)
+# A graphed prefill's compute at most (2 FLOPs a parameter a token): ~30 ms on an H200, about what an eager
+# prefill's launches cost; past it compute sets the time, graph or not, so a large model graphs fewer tokens.
+FLOP_BUDGET = 1.5e13
 LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 # forward(ids [R, L], last [R], cache of R rows at lens 0, *extra) -> output tensors; runs L tokens a row
@@ -30,30 +38,39 @@ LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 Forward = Callable[..., tuple[torch.Tensor, ...]]
 
 
+def token_cap(params: int) -> int:
+    """Padded tokens of the largest graphed prefill of a model of ``params`` parameters (on this rank): a
+    power of two, at most MAX_TOKENS (SmolLM2), 512 for an 8B model."""
+    cap = int(FLOP_BUDGET // (2 * params))
+    return max(LENGTHS[0], min(MAX_TOKENS, 1 << (cap.bit_length() - 1)))
+
+
 class PrefillGraphs:
     """One model's prefill (``forward``), captured per bucket on first use.
 
     ``max_length``: the longest bucket (the context: positions past it are outside the rotary table);
+    ``max_tokens``: padded tokens (rows x length) of the largest bucket, and the scratch cache's slots;
     ``extra(rows, length)``: example tensors of what ``forward`` reads besides the ids (the draft's
     captured points), for capturing ahead of use; ``graphs``: capture (CUDA), else run the same
     padded forwards eagerly (tests of the bucketing on the CPU).
     """
 
     def __init__(self, new_cache: Callable[[int, int], KVCache], forward: Forward, device: torch.device,
-                 max_length: int, extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (),
-                 graphs: bool = True):
+                 max_length: int, max_tokens: int = MAX_TOKENS,
+                 extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (), graphs: bool = True):
         self.new_cache, self.forward, self.device, self.extra, self.graphs = new_cache, forward, device, extra, graphs
-        self.lengths = [x for x in LENGTHS if x <= max_length]
-        self.scratch: dict[int, KVCache] = {}  # rows -> a cache of the longest bucket's slots, shared by its lengths
+        self.lengths = [x for x in LENGTHS if x <= min(max_length, max_tokens)]
+        self.max_length, self.max_tokens = max_length, max_tokens
+        self.storage: KVCache | None = None  # max_tokens slots, made at the first graph
+        self.scratch: dict[int, KVCache] = {}  # rows -> the storage as rows x (max_tokens / rows) slots
         self.steps: dict[tuple[int, int], Callable[..., tuple[torch.Tensor, ...]]] = {}
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
 
     def bucket(self, n: int, longest: int) -> tuple[int, int] | None:
         """(rows, length) of the graph that prefills ``n`` prompts of at most ``longest`` tokens, or None (eager)."""
-        if n > MAX_ROWS:
-            return None
+        rows = 1 << (n - 1).bit_length()
         length = next((x for x in self.lengths if x >= longest), None)
-        return None if length is None else (1 << (n - 1).bit_length(), length)
+        return None if length is None or rows * length > self.max_tokens else (rows, length)
 
     def run(self, prompts: list[list[int]], *extra: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], KVCache]:
         """Prefill ``prompts`` (``bucket`` must fit them) -> (``forward``'s outputs over the bucket's rows,
@@ -80,8 +97,10 @@ class PrefillGraphs:
     def _step(self, rows: int, length: int):
         key = (rows, length)
         if key not in self.steps:
+            if self.storage is None:
+                self.storage = self.new_cache(1, self.max_tokens)
             if rows not in self.scratch:
-                self.scratch[rows] = self.new_cache(rows, self.lengths[-1])
+                self.scratch[rows] = self.storage.reshaped(rows, self.max_tokens // rows)
             cache = self.scratch[rows]
 
             def step(ids: torch.Tensor, last: torch.Tensor, *more: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -10,8 +10,9 @@ into a fresh file. ``random:NAME`` is a random-weight model of that shape with S
 tokenizer (its answers almost never end early: every one runs to --max-new-tokens).
 Prints one JSON line: answers, answer tokens, wall seconds, tok/s, CPU seconds of this process
 (on a shared machine the wall time also counts other jobs; the CPU time mostly not), and the
-target prefills run (forwards, the prompts they held, their tokens, and the tokens with
-padding). ``--admit-wait N`` sets ``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a
+target prefills run (eager forwards, graph replays, the prompts they held, their tokens, and the
+tokens with padding). ``--eager-prefill`` turns the prefill graphs off (the code before them).
+``--admit-wait N`` sets ``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a
 huge N: whenever one is).
 ``--repeat 2`` runs the same regeneration twice in one process and prints a line for each
 (``"run": 1``, ``2``): on CUDA the first includes compiling the decode chunk (~40 s for
@@ -34,6 +35,8 @@ from pathlib import Path
 import torch
 
 import eaglet.data.refill
+import eaglet.generate
+import eaglet.prefill
 import eaglet.session
 from eaglet.data.prompts import load_conversations
 from eaglet.data.regenerate import regenerate
@@ -71,13 +74,27 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="run N times in this process, one line each; runs after the first find the compile done")
     p.add_argument("--admit-wait", type=int, help="refill.ADMIT_WAIT (default: the code's own)")
+    p.add_argument("--eager-prefill", action="store_true",
+                   help="every admission prefilled eagerly, as before the prefill graphs (eaglet/prefill.py)")
     a = p.parse_args()
     if a.admit_wait is not None:
         eaglet.data.refill.ADMIT_WAIT = a.admit_wait
-    prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0}
-    prefill = eaglet.session.prefill
+    if a.eager_prefill:
+        eaglet.generate.target_prefills = lambda *args, **kw: None
+    prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0, "graphed_prefills": 0}
+    prefill, graphed = eaglet.session.prefill, eaglet.prefill.PrefillGraphs.run
 
-    def counted(target, cache, prompts):  # every regeneration prefill is a Session's (older code's too)
+    def replayed(self, prompts, *extra):  # a graphed admission (counted apart; its tokens are counted too)
+        prefills["graphed_prefills"] += 1
+        prefills["prefill_prompts"] += len(prompts)
+        prefills["prefill_tokens"] += sum(map(len, prompts))
+        rows, length = self.bucket(len(prompts), max(map(len, prompts)))
+        prefills["prefill_padded"] += rows * length
+        return graphed(self, prompts, *extra)
+
+    eaglet.prefill.PrefillGraphs.run = replayed
+
+    def counted(target, cache, prompts):  # every eager regeneration prefill is a Session's (older code's too)
         prefills["prefills"] += 1
         prefills["prefill_prompts"] += len(prompts)
         prefills["prefill_tokens"] += sum(map(len, prompts))

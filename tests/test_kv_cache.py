@@ -203,3 +203,17 @@ def test_check_room(model):
         cache.check_room(7)
     msg = str(e.value)
     assert "17" in msg and "16" in msg and "\n" not in msg
+
+
+def test_reshaped_sees_the_same_memory_as_other_rows_and_slots():
+    from eaglet.kv_cache import KVCache
+
+    cache = KVCache(2, 1, 64, 3, 4, torch.float32, "cpu")
+    four = cache.reshaped(4, 16)
+    assert four.batch == 4 and four.capacity == 16 and four.k[1].shape == (4, 3, 16, 4)
+    four.write(1, torch.ones(4, 2, 3, 4), torch.ones(4, 2, 3, 4), torch.tensor([[0, 15]] * 4))
+    assert cache.k[1].sum() == four.k[1].sum() == 4 * 2 * 3 * 4, "written through the view, held by the storage"
+    assert cache.lens.tolist() == [0] and four.lens.tolist() == [0] * 4, "lens are the view's own"
+    assert cache.reshaped(2, 32).k[0].data_ptr() == cache.k[0].data_ptr()
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.reshaped(4, 17)

@@ -66,14 +66,14 @@ def commit_and_extend(draft, embed, target_cache: KVCache, draft_cache: KVCache,
     return out[torch.arange(path.shape[0], device=path.device), (n_commit - 1).clamp(min=0)]
 
 
-def draft_prefills(draft, embed, capacity: int, graphs: bool, aux_width: int) -> PrefillGraphs:
-    """``draft_anchors`` per bucket (``prefill.PrefillGraphs``), reading the target's captured points of the
-    same bucket (``aux_width`` = k*H) -> (seed,)."""
+def draft_prefills(draft, embed, target: PrefillGraphs, aux_width: int) -> PrefillGraphs:
+    """``draft_anchors`` per bucket (``prefill.PrefillGraphs``) with the ``target``'s buckets, reading its
+    captured points of the same bucket (``aux_width`` = k*H) -> (seed,)."""
     p = embed.weight
 
     def forward(ids: torch.Tensor, last: torch.Tensor, cache: KVCache, aux: torch.Tensor) -> tuple[torch.Tensor]:
         return (draft_anchors(draft, embed, cache, ids, last, aux, ids.shape[1]),)
 
-    return PrefillGraphs(draft.new_cache, forward, p.device, capacity, graphs=graphs,
-                         extra=lambda rows, length: (torch.zeros(rows, length, aux_width, dtype=p.dtype,
-                                                                 device=p.device),))
+    return PrefillGraphs(draft.new_cache, forward, p.device, target.max_length, target.max_tokens,
+                         lambda rows, length: (torch.zeros(rows, length, aux_width, dtype=p.dtype, device=p.device),),
+                         target.graphs)

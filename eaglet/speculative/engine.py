@@ -213,7 +213,7 @@ class SpecEngine:
         self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
         # Prefill per bucket (captured under CUDA graphs): the target's with capture, then the draft's anchors.
         self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill, self.capture)
-        self.draft_prefills = draft_prefills(draft, target.model.embed, self.capacity, self.use_graphs,
+        self.draft_prefills = draft_prefills(draft, target.model.embed, self.prefills,
                                              len(self.capture) * c.target_hidden) if self.prefills else None
 
     def _rank0_says(self, flag: bool) -> bool:

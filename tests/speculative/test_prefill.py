@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eaglet.generate import PlainGenerator
-from eaglet.prefill import LENGTHS, MAX_ROWS
+from eaglet.prefill import LENGTHS, MAX_TOKENS, token_cap
 from eaglet.sampling import SamplingParams
 from eaglet.speculative import SpecEngine
 from tests.speculative.conftest import random_draft
@@ -26,8 +26,10 @@ def test_buckets_round_rows_to_a_power_of_two_and_stop_at_the_context(target):
     assert graphs.lengths == [x for x in LENGTHS if x <= CONTEXT] and graphs.lengths[-1] == 96
     assert graphs.bucket(1, 1) == (1, 16)
     assert graphs.bucket(3, 17) == (4, 32)
-    assert graphs.bucket(MAX_ROWS, 96) == (MAX_ROWS, 96)
-    assert graphs.bucket(MAX_ROWS + 1, 5) is None, "a large admission stays eager"
+    assert graphs.bucket(33, 90) == (64, 96)
+    assert graphs.bucket(MAX_TOKENS // 16, 16) == (MAX_TOKENS // 16, 16)
+    assert graphs.bucket(MAX_TOKENS // 16 + 1, 5) is None, "a large admission stays eager"
+    assert graphs.bucket(MAX_TOKENS // 64, 90) is None, "past MAX_TOKENS padded tokens it stays eager"
     assert graphs.bucket(2, 97) is None, "a prompt past the longest bucket stays eager"
     assert PlainGenerator(target, CONTEXT).prefills is None, "off by default without CUDA graphs"
 
@@ -90,3 +92,17 @@ def test_graphed_prefill_decodes_as_the_eager_one(tmp_path):
     eng = SpecEngine(target, draft, 160, 4, 1, 5, adaptive=False, log=lambda _: None)
     assert eng.draft_prefills is not None
     assert [c.tokens for c in eng.generate(prompts, params)] == [c.tokens for c in eager]
+
+
+def test_a_large_model_graphs_fewer_tokens():
+    assert token_cap(135_000_000) == MAX_TOKENS
+    assert token_cap(8_000_000_000) == 512, "an 8B prefill of more tokens is compute-bound anyway"
+    assert token_cap(10**12) == LENGTHS[0]
+
+
+def test_a_context_shorter_than_every_bucket_prefills_eagerly(target):
+    eng = SpecEngine(target, random_draft(target, seed=2), 12, 3, 2, 6, adaptive=False, log=lambda _: None,
+                     bucketed_prefill=True)
+    assert eng.prefills.bucket(1, 5) is None and eng.draft_prefills.bucket(1, 5) is None
+    ref = PlainGenerator(target, 12).generate(prompts_of([5]), SamplingParams(max_new_tokens=6))
+    assert eng.generate(prompts_of([5]), SamplingParams(max_new_tokens=6))[0].tokens == ref[0].tokens
