@@ -88,10 +88,10 @@ class PrefillGraphs:
         view.lens.copy_(lengths[:n])
         return out, view
 
-    def prepare(self, rows: int = 1, longest: int | None = None) -> None:
-        """Capture the graphs of ``rows`` rows at every length up to ``longest`` (default: all) now."""
+    def prepare(self, rows: int = 1) -> None:
+        """Capture the graphs of ``rows`` rows at every length now (a server before its first request)."""
         for length in self.lengths:
-            if longest is None or length <= longest:
+            if rows * length <= self.max_tokens:
                 self._step(rows, length)
 
     def _step(self, rows: int, length: int):
