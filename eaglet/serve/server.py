@@ -58,17 +58,20 @@ def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
 PREFILL_LENGTHS = (3, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
-def warm_prefills(engine) -> None:
+def warm_prefills(engine, max_rows: int = 1) -> None:
     """Prefill once at each of ``PREFILL_LENGTHS`` (into a scratch cache), so the kernels a prefill compiles
     on first use are built before the first request (an H200 server's first requests waited up to 2.1 s).
     The draft's prefill and the capture run the same kernel variants as the target's. Where prefills run
-    as captured graphs (``prefill.PrefillGraphs``), a single row's are captured at every length too; the
-    eager prefill still serves admissions of more rows or longer prompts."""
+    as captured graphs (``prefill.PrefillGraphs``), those of every power of two of rows up to ``max_rows``
+    are captured at every length too (a burst of requests is admitted as one prefill); the eager prefill
+    still serves what no graph fits."""
     from eaglet.generate import prefill
 
     for graphs in (engine.prefills, getattr(engine, "draft_prefills", None)):
-        if graphs is not None:
-            graphs.prepare(1)
+        rows = 1
+        while graphs is not None and rows <= max_rows:
+            graphs.prepare(rows)
+            rows *= 2
     model = engine.target.model
     cache = model.new_cache(1, max(PREFILL_LENGTHS) + 1)
     for n in PREFILL_LENGTHS:
@@ -81,9 +84,12 @@ def warm_up(engine, cfg: ServeConfig, tp: TPGroup = SINGLE) -> None:
     """Build every batch size's compiled step now, so that no request waits for a compile."""
     if not (engine.use_graphs if cfg.warm_up is None else cfg.warm_up):
         return
-    with torch.inference_mode():
-        warm_prefills(engine)
     sizes = batch_sizes(cfg, engine.use_graphs)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        warm_prefills(engine, sizes[-1])
+    if tp.rank == 0:
+        print(f"eaglet: prefills ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
     for i, b in enumerate(sizes):
         t0 = time.perf_counter()
         engine.prepare(b)

@@ -75,9 +75,10 @@ def served_dirs(tmp_path_factory) -> tuple[Path, Path]:
     return target, save_random_draft(target, root / "draft", 64)
 
 
-def new_engine(dirs, adaptive: bool = True) -> SpecEngine:
+def new_engine(dirs, adaptive: bool = True, **kw) -> SpecEngine:
     target = load_target(str(dirs[0]), dtype=torch.float32, device="cpu")
-    return SpecEngine(target, load_engine_draft(dirs[1], target), CONTEXT, log=lambda _: None, adaptive=adaptive)
+    return SpecEngine(target, load_engine_draft(dirs[1], target), CONTEXT, log=lambda _: None, adaptive=adaptive,
+                      **kw)
 
 
 class Served:

@@ -38,3 +38,16 @@ def test_no_warm_up_without_graphs_by_default(served_dirs, one_thread):
     engine = new_engine(served_dirs)  # CPU: no CUDA graphs, nothing worth building ahead
     warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1, 2)))
     assert not engine._caches
+
+
+def test_warm_up_captures_the_prefill_buckets_of_every_batch_size(served_dirs, one_thread):
+    """Bucketed prefills (captured graphs on CUDA; here their eager test mode): one row, then every power of
+    two of rows up to the largest batch, at every length, for the target and the draft."""
+    engine = new_engine(served_dirs, bucketed_prefill=True)
+    warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1, 4), warm_up=True))
+    lengths = engine.prefills.lengths
+    for graphs in (engine.prefills, engine.draft_prefills):
+        assert sorted(graphs.steps) == [(r, n) for r in (1, 2, 4) for n in lengths]
+    prompts, params = [[5, 9, 14, 3], [7, 7, 2]], SamplingParams(max_new_tokens=24)
+    assert [c.tokens for c in engine.generate(prompts, params)] == \
+        [c.tokens for c in new_engine(served_dirs).generate(prompts, params)]
