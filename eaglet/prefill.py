@@ -8,14 +8,14 @@ compute on zeros, and nothing reads what they write), run into a scratch cache o
 bucket's rows, and the rows' committed slots are then copied into the batch's cache.
 
 Buckets: rows rounded up to a power of two, lengths up to ``LENGTHS[-1]``, at most
-``MAX_TOKENS`` padded tokens (rows x length), fewer for a large model (``token_cap``); a larger
-admission stays eager, where its
-compute, not its launches, sets the time. Regeneration admits tens of rows at a time at batch
-512, and each eager admission cost about as much as a few steps of the whole batch (inferred
-from its rate, not profiled). The graphs of one ``PrefillGraphs`` share one memory pool and one
-scratch cache of that many slots, seen as rows x slots per row bucket: they never run at
-once, each output stays allocated (so no capture reuses another's outputs), and a prefill's rows
-are copied out before the next one runs.
+``MAX_TOKENS`` padded tokens (rows x length), fewer for a large model (``token_cap``), past which
+compute, not launches, sets the time. A larger admission is split into graphs that fit
+(``parts``); one with a prompt longer than every bucket stays eager. Regeneration admits tens
+of rows at a time at batch 512, and each eager admission cost about as much as a few steps of
+the whole batch (inferred from its rate, not profiled). The graphs of one ``PrefillGraphs``
+share one memory pool and one scratch cache of that many slots, seen as rows x slots per row
+bucket: they never run at once, each output stays allocated (so no capture reuses another's
+outputs), and a prefill's rows are copied out before the next one runs.
 """
 
 from __future__ import annotations
@@ -71,6 +71,22 @@ class PrefillGraphs:
         rows = 1 << (n - 1).bit_length()
         length = next((x for x in self.lengths if x >= longest), None)
         return None if length is None or rows * length > self.max_tokens else (rows, length)
+
+    def parts(self, prompts: list[list[int]]) -> list[int] | None:
+        """How many of ``prompts``, in order, each graphed prefill takes: all at once when one bucket holds
+        them, else the largest power of two of rows that a bucket holds, and so on; None when a prompt is
+        longer than every bucket (the admission is prefilled eagerly)."""
+        if not self.lengths or max(map(len, prompts)) > self.lengths[-1]:
+            return None
+        sizes, i = [], 0
+        while i < len(prompts):
+            left = len(prompts) - i
+            k = left if self.bucket(left, max(map(len, prompts[i:]))) else 1 << (left.bit_length() - 1)
+            while self.bucket(k, max(map(len, prompts[i: i + k]))) is None:
+                k //= 2  # one row always fits: every prompt fits a length, and lengths stop at max_tokens
+            sizes.append(k)
+            i += k
+        return sizes
 
     def run(self, prompts: list[list[int]], *extra: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], KVCache]:
         """Prefill ``prompts`` (``bucket`` must fit them) -> (``forward``'s outputs over the bucket's rows,

@@ -189,17 +189,25 @@ class Session:
 
     def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Prompts into their rows' caches (one forward) -> the sampled pending tokens [n]."""
-        longest = max(map(len, prompts))
-        if self.graphed_prefill(prompts):
-            (logits, *_), view = self.prefills.run(prompts)
-            self.landing.land(view, rows, longest)
-            return self.sample(logits[: len(rows)], rows)
-        with self.landing.into(rows, longest) as view:
-            return self.sample(prefill(self.target, view, prompts), rows)
+        parts = self.graph_parts(rows, prompts)
+        if parts is None:
+            with self.landing.into(rows, max(map(len, prompts))) as view:
+                return self.sample(prefill(self.target, view, prompts), rows)
+        roots = []
+        for part_rows, part in parts:
+            (logits, *_), view = self.prefills.run(part)
+            self.landing.land(view, part_rows, max(map(len, part)))
+            roots.append(self.sample(logits[: len(part)], part_rows))
+        return torch.cat(roots)
 
-    def graphed_prefill(self, prompts: list[list[int]]) -> bool:
-        """Whether ``prompts`` are prefilled by a captured graph (few enough, short enough), else eagerly."""
-        return self.prefills is not None and self.prefills.bucket(len(prompts), max(map(len, prompts))) is not None
+    def graph_parts(self, rows: list[int], prompts: list[list[int]]) -> list[tuple[list[int], list[list[int]]]] | None:
+        """The (rows, prompts) of each captured prefill graph that admits ``prompts`` into ``rows`` in order
+        (``PrefillGraphs.parts``), or None: one eager forward (no graphs, or a prompt longer than every one)."""
+        sizes = self.prefills.parts(prompts) if self.prefills is not None else None
+        if sizes is None:
+            return None
+        starts = [sum(sizes[:j]) for j in range(len(sizes))]
+        return [(rows[i: i + k], prompts[i: i + k]) for i, k in zip(starts, sizes)]
 
     def _add(self, row: int, tokens: list[int]) -> list[int]:
         r = self.rows[row]

@@ -62,21 +62,25 @@ class SpecSession(Session):
         self.admissions += 1
         if not self.speculating:
             return super()._prefill(rows, prompts)
-        model, longest, n = self.target.model, max(map(len, prompts)), len(prompts)
-        if self.graphed_prefill(prompts):
-            (logits, aux), tview = self.prefills.run(prompts)
-            roots = self.sample(logits[:n], rows)  # [n]
-            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(prompts, roots), aux)
-            seed = seed[:n]
-            self.landing.land(tview, rows, longest)
-            self.draft_landing.land(dview, rows, longest)
-        else:
+        model, longest = self.target.model, max(map(len, prompts))
+        parts = self.graph_parts(rows, prompts)
+        if parts is None:
             with self.landing.into(rows, longest) as tview, self.draft_landing.into(rows, longest) as dview:
                 logits, aux = prefill(model, tview, prompts, self.eng.capture)
                 roots = self.sample(logits, rows)  # [n]
                 seed = draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots)
-        self.state.seed[torch.tensor(rows, device=seed.device)] = seed
-        return roots
+            self.state.seed[torch.tensor(rows, device=seed.device)] = seed
+            return roots
+        all_roots = []
+        for part_rows, part in parts:  # each: the target's graph, its roots, then the draft's graph
+            (logits, aux), tview = self.prefills.run(part)
+            roots = self.sample(logits[: len(part)], part_rows)  # [k]
+            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(part, roots), aux)
+            self.landing.land(tview, part_rows, max(map(len, part)))
+            self.draft_landing.land(dview, part_rows, max(map(len, part)))
+            self.state.seed[torch.tensor(part_rows, device=seed.device)] = seed[: len(part)]
+            all_roots.append(roots)
+        return torch.cat(all_roots)
 
     def step(self) -> dict[int, list[int]]:
         """One speculative iteration of every running row (or a plain step after a fallback)."""

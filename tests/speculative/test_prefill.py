@@ -49,7 +49,7 @@ def test_bucketed_prefill_leaves_the_caches_and_seeds_of_the_eager_one(target, r
         if 0 not in rows:
             s.admit(0, prompts_of([9], seed=5), SamplingParams(max_new_tokens=8))
         first = s.admit(rows, prompts, SamplingParams(max_new_tokens=8))
-        assert s.graphed_prefill(prompts) == (eng is engines[1])
+        assert (s.graph_parts(rows, prompts) is not None) == (eng is engines[1])
         lens = s.cache.lens.clone()
         slots = int(lens.max())
         seen.append((first, lens, s.dcache.lens.clone(), s.state.seed.clone(),
@@ -108,3 +108,40 @@ def test_a_context_shorter_than_every_bucket_prefills_eagerly(target):
     assert eng.prefills.bucket(1, 5) is None and eng.draft_prefills.bucket(1, 5) is None
     ref = PlainGenerator(target, 12).generate(prompts_of([5]), SamplingParams(max_new_tokens=6))
     assert eng.generate(prompts_of([5]), SamplingParams(max_new_tokens=6))[0].tokens == ref[0].tokens
+
+
+def test_parts_take_all_prompts_at_once_or_powers_of_two_that_fit(target):
+    from eaglet.prefill import PrefillGraphs
+
+    graphs = PrefillGraphs(target.model.new_cache, lambda *a: (), torch.device("cpu"), 100, 64, graphs=False)
+    assert graphs.lengths == [16, 32, 48, 64]
+    assert graphs.parts([[1] * 10] * 4) == [4], "one bucket of 4 x 16 holds them"
+    assert graphs.parts([[1] * 10] * 5) == [4, 1], "8 x 16 would pass 64 tokens"
+    assert graphs.parts([[1] * 10, [1] * 40, [1] * 10]) == [1, 1, 1]
+    assert graphs.parts([[1] * 10, [1] * 65]) is None, "longer than every bucket: eager"
+
+
+def test_an_admission_larger_than_one_graph_is_split_and_leaves_what_eager_leaves(target, monkeypatch):
+    import eaglet.generate
+
+    monkeypatch.setattr(eaglet.generate, "token_cap", lambda params: 32)  # buckets 16 and 32, 32 tokens at most
+    draft = random_draft(target, seed=2)
+    prompts = prompts_of([3, 16, 17, 20, 9], seed=8)
+    params = SamplingParams(max_new_tokens=12)
+    seen = []
+    for bucketed in (False, True):
+        eng = SpecEngine(target, draft, CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None,
+                         bucketed_prefill=bucketed)
+        s = eng.session(8, params)
+        rows = [6, 0, 3, 1, 7]
+        first = s.admit(rows, prompts, params)
+        if bucketed:
+            assert [len(p) for _, p in s.graph_parts(rows, prompts)] == [2, 1, 1, 1]
+        seen.append((first, s.state.seed[rows].clone(), s.cache.lens.clone(),
+                     [s.cache.k[0][r, :, : len(p)].clone() for r, p in zip(rows, prompts)]))
+        seen[-1] += ([c.tokens for c in eng.generate(prompts, params)],)
+    (f0, seed0, lens0, k0, out0), (f1, seed1, lens1, k1, out1) = seen
+    assert f0 == f1 and torch.equal(lens0, lens1) and out0 == out1
+    torch.testing.assert_close(seed1, seed0, rtol=1e-5, atol=1e-5)
+    for mine, ref in zip(k1, k0):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)
