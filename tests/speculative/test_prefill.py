@@ -84,14 +84,15 @@ def test_graphed_prefill_decodes_as_the_eager_one(tmp_path):
     draft = echo_draft(target)
     target.model.to("cuda")
     draft.to("cuda")
-    prompts = prompts_of([7, 30, 100, 140], seed=3)  # Triton-kernel lengths and SDPA ones
+    prompts = prompts_of([7, 30, 100, 140, 250], seed=3)  # buckets of the Triton kernel (<= 128) and of SDPA
     params = SamplingParams(max_new_tokens=24)
-    eager = PlainGenerator(target, 160, bucketed_prefill=False).generate(prompts, params)
-    graphed = PlainGenerator(target, 160)
+    eager = PlainGenerator(target, 320, bucketed_prefill=False).generate(prompts, params)
+    graphed = PlainGenerator(target, 320)
     assert graphed.prefills is not None and graphed.prefills.graphs
     assert [c.tokens for c in graphed.generate(prompts, params)] == [c.tokens for c in eager]
     assert [graphed.generate([p], params)[0].tokens for p in prompts] == [c.tokens for c in eager]
-    eng = SpecEngine(target, draft, 160, 4, 1, 5, adaptive=False, log=lambda _: None)
+    assert graphed.prefills.bucket(1, 250) == (1, 256)
+    eng = SpecEngine(target, draft, 320, 4, 1, 5, adaptive=False, log=lambda _: None)
     assert eng.draft_prefills is not None
     assert [c.tokens for c in eng.generate(prompts, params)] == [c.tokens for c in eager]
 
