@@ -64,6 +64,10 @@ VARIANTS = {
     "all-norm": (("greedy", "sampled", "self", "turns"), {"aux_norm": True}),
     "all-norm-noise": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "aux_noise": 0.05}),
     "all-target-turns": (("greedy", "sampled", "self", "turns"), {**PLAIN, "earlier_turns": False}),
+    # Session 9's draft plateaued with training accuracy equal to validation's (~0.79): underfit, so the
+    # learning rate (default 5e-4) is the next lever to measure.
+    "all-norm-lr1e-3": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "lr": 1e-3}),
+    "all-norm-lr2e-3": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "lr": 2e-3}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 
