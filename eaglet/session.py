@@ -188,7 +188,8 @@ class Session:
                               "shorten it or raise --max-context")
 
     def _prefill(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """Prompts into their rows' caches (one forward) -> the sampled pending tokens [n]."""
+        """Prompts into their rows' caches (one eager forward, or a graph replay per part) -> the sampled
+        pending tokens [n]."""
         parts = self.graph_parts(rows, prompts)
         if parts is None:
             with self.landing.into(rows, max(map(len, prompts))) as view:
