@@ -98,8 +98,7 @@ class PrefillGraphs:
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p)
         lengths = torch.tensor([len(p) for p in prompts] + [1] * (rows - n))
-        ids, lengths = ids.to(self.device, non_blocking=True), lengths.to(self.device, non_blocking=True)
-        out = self._step(rows, length)(ids, lengths - 1, *extra)
+        out = self._step(rows, length)(ids, lengths - 1, *extra)  # host tensors: copied once, into the graph's inputs
         view = self.scratch[rows].rows(0, n)
         view.lens.copy_(lengths[:n])
         return out, view
@@ -107,7 +106,7 @@ class PrefillGraphs:
     def prepare(self, rows: int = 1) -> None:
         """Capture the graphs of ``rows`` rows at every length now (a server before its first request)."""
         for length in self.lengths:
-            if rows * length <= self.max_tokens:
+            if self.bucket(rows, length) is not None:
                 self._step(rows, length)
 
     def _step(self, rows: int, length: int):
@@ -121,7 +120,8 @@ class PrefillGraphs:
 
             def step(ids: torch.Tensor, last: torch.Tensor, *more: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 cache.reset()
-                return self.forward(ids, last, cache, *more)
+                # Under a graph ids and last are its inputs, on the device already (to() does nothing).
+                return self.forward(ids.to(self.device), last.to(self.device), cache, *more)
 
             if not self.graphs:
                 self.steps[key] = step

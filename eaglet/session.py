@@ -25,6 +25,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -207,8 +208,7 @@ class Session:
         sizes = self.prefills.parts(prompts) if self.prefills is not None else None
         if sizes is None:
             return None
-        starts = [sum(sizes[:j]) for j in range(len(sizes))]
-        return [(rows[i: i + k], prompts[i: i + k]) for i, k in zip(starts, sizes)]
+        return [(rows[i - k: i], prompts[i - k: i]) for i, k in zip(accumulate(sizes), sizes)]
 
     def _add(self, row: int, tokens: list[int]) -> list[int]:
         r = self.rows[row]
