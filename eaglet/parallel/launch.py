@@ -108,6 +108,28 @@ def init_tp(n: int | None = None, device: str | torch.device = "cpu",
     return TPGroup(rank, world, dist.group.WORLD)
 
 
+def end_torchrun_rank(code: int) -> int:
+    """Under torchrun, end this rank's process here: ``code`` 0 waits for every rank first.
+
+    The process exits without interpreter teardown. Finalising Python while the group's
+    C++ threads live (and their peers close sockets) has aborted a rank of a finished job
+    (CI, twice: "terminate called without an active exception", after the output was
+    complete); past the last barrier nothing is left that the OS does not clean up. A rank
+    that failed leaves at once: its peers' collectives then fail instead of waiting.
+    Elsewhere this returns ``code``.
+    """
+    if not (under_torchrun() and dist.is_initialized()):
+        return code
+    if code == 0:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001  (a peer that failed: its own exit code tells torchrun)
+            code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def leave_group(meet: bool = False) -> None:
     """End this process's part in the group; ``meet`` waits for every rank first (torchrun's exit)."""
     if dist.is_initialized():

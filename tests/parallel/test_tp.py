@@ -220,6 +220,21 @@ def test_under_torchrun(tiny_dirs):
     assert proc.stdout.count("against tp=1") == 1  # only rank 0 prints the report
 
 
+@pytest.mark.parametrize("failing_rank", [-1, 1], ids=["done", "rank1-fails"])
+def test_torchrun_rank_ends_without_teardown(failing_rank):
+    """Each rank leaves through end_torchrun_rank, which must not return: its output kept, its exit code too."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "tests.parallel.torchrun_exit", str(failing_rank)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    if failing_rank < 0:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    else:
+        assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-3000:]
+
+
 # --- SmolLM2-135M (9 query heads, 3 KV heads) at tp=3 ----------------------------------------
 
 

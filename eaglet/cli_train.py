@@ -1,0 +1,156 @@
+"""The options of the commands that make a draft: data regenerate, data capture, train, draft import."""
+
+from __future__ import annotations
+
+import argparse
+
+from eaglet import options
+from eaglet.cli_args import add_target, add_tp
+from eaglet.cli_checks import answer_list, integer, number, point_list, url
+
+
+def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
+    rc = options.RegenConfig
+    p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
+                   help="rows decoded together (a finished row takes the next prompt at once)")
+    p.add_argument("--max-new-tokens", type=integer(1), default=rc.max_new_tokens, help="tokens per answer at most")
+    p.add_argument("--answers", type=answer_list, default=rc.answers, metavar="SETTINGS",
+                   help="answers per prompt, comma-separated: 'greedy' and sampling temperatures, e.g. "
+                        "greedy,0.7,1.0 (one record each, ids <id> and <id>~t0.7; validation prompts are "
+                        "answered greedily only) (default: greedy)")
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=rc.top_p, help="nucleus sampling; 1 = off")
+    p.add_argument("--max-prompt-tokens", type=integer(1), default=rc.max_prompt_tokens,
+                   help="longer prompts are skipped and counted")
+    p.add_argument("--max-samples", type=integer(1), default=rc.max_samples,
+                   help="regenerate at most this many training prompts, a seeded sample (default: all)")
+    p.add_argument("--max-val-samples", type=integer(0), default=rc.max_val_samples,
+                   help="and at most this many validation prompts (default: all)")
+    p.add_argument("--self-prompts", type=integer(0), default=rc.self_prompts, metavar="N",
+                   help="also have the target write N user prompts itself from the chat template's user prefix "
+                        "(Magpie; source 'self', 5%% held out for validation as 'self-heldout'; cut, short and "
+                        "duplicate ones are dropped)")
+    p.add_argument("--follow-ups", type=number(0, 1), default=rc.follow_ups, metavar="FRACTION",
+                   help="give this fraction of the greedily answered conversations a second user turn the "
+                        "target writes, and answer it (multi-turn data)")
+
+
+def add_training_parsers(sub) -> None:
+    data = sub.add_parser("data", help="training data: regenerate answers with the target, capture features",
+                          description="Training data: `regenerate` has the target answer prompts, `capture` stores "
+                                      "its hidden states as offline features.")
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    r = dsub.add_parser("regenerate", help="the target answers the prompts itself (self-distillation); resumable",
+                        description="The target answers the prompts itself (self-distillation). Answers are "
+                                    "appended to OUT as they finish; the settings are recorded in OUT.meta.json, and "
+                                    "a rerun with the same settings resumes where the last one stopped.")
+    add_target(r, context=False)
+    r.add_argument("--data", required=True, help="'builtin' (the prompt corpus) or JSONL files, comma-separated")
+    r.add_argument("--split", choices=["train", "val", "all"], default="all", help="which records to answer")
+    r.add_argument("--out", required=True, help="output JSONL; finished records are appended, a rerun resumes")
+    r.add_argument("--restart", action="store_true",
+                   help="discard OUT and its recorded settings and start over (e.g. with other generation settings)")
+    _add_regen_options(r, "--batch-size")
+    r.add_argument("--seed", type=int, default=options.RegenConfig.seed,
+                   help="seed of the prompt sample, batch order and sampling")
+    r.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
+                   help="admit no prompt after this many minutes; the answers in progress finish (default: no limit)")
+    r.add_argument("--endpoint", type=url, default=None, metavar="URL",
+                   help="have a running OpenAI-compatible server (SGLang, vLLM, eaglet serve) answer instead; "
+                        "--target then gives only the tokenizer (docs/training.md)")
+    r.add_argument("--model", default=None, help="with --endpoint: the served model's name (default: the first listed)")
+    r.add_argument("--concurrency", type=integer(1), default=None,
+                   help=f"with --endpoint: requests in flight at most (default: {options.REGEN_CONCURRENCY})")
+
+    c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded",
+                        description="Offline features for `train --features`: the captured points and final "
+                                    "hidden states of every answered conversation, in safetensors shards; a rerun "
+                                    "completes an interrupted capture.")
+    add_target(c, context=False)
+    c.add_argument("--data", required=True, help="JSONL with assistant answers (e.g. from `data regenerate`)")
+    c.add_argument("--split", choices=["train", "val", "all"], default="all", help="which records to capture")
+    c.add_argument("--out", required=True, help="feature directory: new, empty, or an earlier capture (it resumes)")
+    c.add_argument("--capture", type=point_list, default=None,
+                   help="residual-stream points in eaglet's convention, e.g. 2,15,27 "
+                        "(default: EAGLE-3's [2, N//2, N-3])")
+    c.add_argument("--shard-samples", type=integer(1), default=options.CaptureOptions.shard_samples,
+                   help="conversations per shard")
+    c.add_argument("--batch-tokens", type=integer(1), default=options.CaptureOptions.batch_tokens,
+                   help="padded tokens per target forward")
+    c.add_argument("--max-len", type=integer(8), default=None,
+                   help="tokens per conversation (default: 2048 or the window)")
+    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default=options.CaptureOptions.feature_dtype,
+                   help="stored precision")
+    add_tp(c)
+    _add_train_parser(sub)
+    d = sub.add_parser("draft", help="draft checkpoints: import another tool's EAGLE-3 draft")
+    dd = d.add_subparsers(dest="draft_command", required=True, metavar="SUBCOMMAND")
+    i = dd.add_parser("import", help="re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft",
+                      description="Re-write an SGLang/SpecForge/vLLM EAGLE-3 draft as an eaglet draft with "
+                                  "explicit capture points, checked against the target.")
+    i.add_argument("src", metavar="SRC", help="the draft directory to import (config.json and safetensors)")
+    i.add_argument("out", metavar="OUT", help="where the eaglet draft is written: a new or empty directory")
+    i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (atomically, once written)")
+    add_target(i, context=False)
+    i.add_argument("--capture-ids", type=point_list, default=None,
+                   help="the draft's capture layer ids, counted as --convention says (default: from its config)")
+    i.add_argument("--convention", choices=["eaglet", "vllm", "sglang", "specforge"], default=None,
+                   help="how --capture-ids count: eaglet/vllm name points, sglang/specforge 'output of layer i' "
+                        "(= eaglet point i+1)")
+
+
+def _add_train_parser(sub) -> None:
+    t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint",
+                       description="Train an EAGLE-3 draft with training-time test, validate it, and export it "
+                                   "to OUT/draft. A rerun with the same OUT resumes from OUT/checkpoint.")
+    tc = options.TrainConfig
+    add_target(t, context=False)
+    t.add_argument("--data", default=options.TrainOptions.data,
+                   help="JSONL files with answers, comma-separated; or prompts (e.g. 'builtin') with --regenerate")
+    t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
+    t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
+    _add_regen_options(t, "--regen-batch-size")
+    t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,
+                   help="time for regeneration (default: while the time left still trains --epochs passes "
+                        "over the data so far; docs/training.md)")
+    t.add_argument("--train-tokens-per-s", type=number(0, low_open=True), default=None,
+                   help="padded training tokens per second, for the budget split (default: 107000, measured "
+                        "with SmolLM2 on one H200, validation included)")
+    t.add_argument("--features", default=None,
+                   help="offline feature directory (`data capture`) instead of online (default: online)")
+    t.add_argument("--val-features", default=None, help="offline features for validation (default: online)")
+    t.add_argument("--val-fraction", type=number(0, 1, high_open=True), default=options.TrainOptions.val_fraction,
+                   help="held out when records carry no split")
+    t.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
+                   help="whole-command budget; training stops in time to validate and export (default: none)")
+    t.add_argument("--ttt-steps", type=integer(1), default=tc.ttt_steps,
+                   help="draft steps unrolled in training-time test")
+    t.add_argument("--decay", type=number(0, 1, low_open=True), default=tc.decay, help="loss weight decay**j of step j")
+    t.add_argument("--aux-norm", action=argparse.BooleanOptionalAction, default=tc.aux_norm,
+                   help="RMS-normalise each captured point before fc (a learned weight per point, stored in the "
+                        "draft and applied in serving too); --no-aux-norm for a draft other engines can load")
+    t.add_argument("--aux-noise", type=number(0), default=tc.aux_noise, metavar="SIGMA",
+                   help="training only: add uniform noise in [-SIGMA, SIGMA] to the captured points; 0 = off")
+    t.add_argument("--target-turns-only", action="store_true",
+                   help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
+    t.add_argument("--lr", type=number(0, low_open=True), default=tc.lr, help="peak learning rate (AdamW)")
+    t.add_argument("--min-lr-ratio", type=number(0, 1), default=tc.min_lr_ratio, help="the cosine ends at lr * this")
+    t.add_argument("--warmup-steps", type=integer(0), default=tc.warmup_steps, help="linear warm-up steps")
+    t.add_argument("--weight-decay", type=number(0), default=tc.weight_decay, help="AdamW weight decay")
+    t.add_argument("--grad-clip", type=number(0, low_open=True), default=tc.grad_clip, help="gradient-norm clip")
+    t.add_argument("--epochs", type=integer(1), default=tc.epochs, help="passes over the training data")
+    t.add_argument("--max-steps", type=integer(1), default=tc.max_steps,
+                   help="stop after this many steps (default: epochs)")
+    t.add_argument("--batch-tokens", type=integer(16), default=tc.batch_tokens, help="padded tokens per batch and rank")
+    t.add_argument("--max-len", type=integer(8), default=tc.max_len,
+                   help="tokens per conversation (default: 2048 or the window)")
+    t.add_argument("--draft-vocab-size", type=integer(1), default=tc.draft_vocab_size,
+                   help="draft vocabulary (default: the largest with a 16 MiB bf16 LM head)")
+    t.add_argument("--capture", type=point_list, default=tc.capture_points,
+                   help="residual-stream points in eaglet's convention (default: EAGLE-3's [2, N//2, N-3])")
+    t.add_argument("--save-every", type=integer(1), default=tc.save_every, help="checkpoint every N steps")
+    t.add_argument("--val-every", type=integer(1), default=tc.val_every, help="validate every N steps")
+    t.add_argument("--seed", type=int, default=tc.seed, help="seed of the draft's initialisation and the batch order "
+                   "(with --regenerate also of the prompt sample and sampling)")
+    t.add_argument("--no-autocast", action="store_true", help="no bf16 autocast on CUDA")
+    t.add_argument("--tensorboard", action="store_true", help="also log to OUT/tensorboard (needs tensorboard)")
+    add_tp(t)
