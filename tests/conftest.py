@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,16 @@ def greedy_hf(hf_model, prompt: torch.Tensor, n_new: int) -> torch.Tensor:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: loads a real checkpoint (seconds to tens of seconds); run by default")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ctrl_c_raises():
+    """Tests that send this process SIGINT expect Python's KeyboardInterrupt outside eaglet's own handlers.
+    A shell starts a background job (`cmd &`) with SIGINT ignored, and Python then keeps it ignored: a
+    suite run that way saw a Ctrl-C test's job run to the end instead."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
