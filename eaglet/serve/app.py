@@ -2,7 +2,7 @@
 
 Handlers tokenize, check the request against the context, submit it to the scheduler
 and relay its tokens: as one JSON body, or as server-sent events (``data: {chunk}``,
-ending ``data: [DONE]``). Text is detokenized incrementally (``_Text``): each event
+ending ``data: [DONE]``). Text is detokenized incrementally (``text.StreamText``): each event
 carries what the tokens so far add to the text. As in OpenAI's API, a stop string ends
 the answer (``finish_reason: "stop"``) and is left out of the text, while the tokens
 (``usage``) include the one that completed it.
@@ -29,6 +29,7 @@ from eaglet.serve.metrics import Metrics
 from eaglet.serve.protocol import BadRequest, ChatRequest, CompletionRequest, error_body
 from eaglet.serve.scheduler import Failure, QueueFull, Scheduler, ShuttingDown
 from eaglet.serve.scheduler import Request as Job
+from eaglet.serve.text import StreamText
 
 _KINDS = {400: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_error", 503: "unavailable"}
 
@@ -41,35 +42,10 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-class _Text:
-    """Incremental detokenization: what new tokens add to the text, stop strings left out.
-
-    The engine stops at the token that completes a stop string; as OpenAI does, the text
-    ends before the stop string. While streaming, the last ``len(stop) - 1`` characters
-    wait (they may begin a stop string), as does a multi-byte character still being written.
-    """
-
-    def __init__(self, tokenizer, stops: tuple[str, ...]):
-        self.tok, self.stops, self.ids, self.sent = tokenizer, stops, [], 0
-        self.hold = max((len(x) for x in stops), default=1) - 1
-
-    def add(self, ids: list[int], final: bool = False) -> str:
-        self.ids += ids
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(x) for x in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            text = text[:cut]
-        elif not final:
-            text = text[: len(text) - self.hold]
-            if text.endswith("\ufffd"):
-                return ""
-        new, self.sent = text[self.sent:], max(self.sent, len(text))
-        return new
-
-
 def coalesced(first, queue: asyncio.Queue) -> list:
     """``first`` and the events already waiting in ``queue`` behind it, new tokens merged into one list:
-    [tokens], [tokens, end] or [end] (an end is a Completion or a Failure, always last)."""
+    [tokens], [tokens, end] or [end] (an end is a Completion, a Failure or None, the client gone; always
+    last)."""
     events = [first]
     while isinstance(events[-1], list) and not queue.empty():
         nxt = queue.get_nowait()
@@ -152,37 +128,39 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
             if isinstance(event, Failure):
                 return _error(event.status, event.message)
             if isinstance(event, Completion):
-                content = _Text(target.tokenizer, job.params.stop).add(event.tokens, final=True)
+                content = StreamText(target.tokenizer, job.params.stop).add(event.tokens, final=True)
                 return _response(body, job, event, content, chat, rid)
         return Response(status_code=499)  # the client left; nobody reads this
 
     async def _events(http: Request, job: Job) -> AsyncIterator:
-        """The job's events until its end. A client that leaves (a disconnect seen here, or the
+        """The job's events until its end. A client that leaves (a disconnect seen by ``_watch``, or the
         streaming task cancelled) cancels the job: the scheduler frees its row between steps.
 
         New tokens that queued up meanwhile come as one event (one chunk of the stream): when the
         loop falls behind the engine (many rows, a step every ~2 ms), each chunk's formatting and
         write is paid once, not once per step, and this thread holds the GIL less."""
-        ended, checked = False, time.monotonic()
+        ended, watcher = False, asyncio.create_task(_watch(http, job))
         try:
             while True:
-                try:
-                    event = await asyncio.wait_for(job.events.get(), 0.25)
-                except asyncio.TimeoutError:
-                    event = None
-                if time.monotonic() - checked > 0.25:  # also while tokens keep coming
-                    if await http.is_disconnected():
+                for out in coalesced(await job.events.get(), job.events):
+                    if out is None:  # the client left
                         return
-                    checked = time.monotonic()
-                if event is None:
-                    continue
-                for out in coalesced(event, job.events):
                     ended = isinstance(out, (Completion, Failure))
                     yield out
                     if ended:
                         return
         finally:
+            watcher.cancel()
             job.cancelled = not ended
+
+    async def _watch(http: Request, job: Job) -> None:
+        """Every 0.25 s, whether the client is still there; if not, a None wakes ``_events``. (A task of its
+        own: a timeout on every wait for tokens cost the loop a task and a timer per event.)"""
+        while True:
+            await asyncio.sleep(0.25)
+            if await http.is_disconnected():
+                job.events.put_nowait(None)
+                return
 
     def _usage(job: Job, n: int) -> dict:
         return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n}
@@ -207,7 +185,9 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
                 choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
             return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": [choice]}
 
-        text = _Text(target.tokenizer, job.params.stop)
+        # A delta's event, the one sent per step: the JSON around the text is the same every time.
+        head, tail = _sse(chunk("\x00")).split('"\\u0000"')
+        text = StreamText(target.tokenizer, job.params.stop)
         if chat:
             yield _sse(chunk(None, role=True))
         async for event in _events(http, job):
@@ -222,7 +202,7 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
                 break
             delta = text.add(event)
             if delta:
-                yield _sse(chunk(delta))
+                yield head + json.dumps(delta) + tail
         yield "data: [DONE]\n\n"
 
     @app.post("/v1/chat/completions")

