@@ -165,6 +165,10 @@ def _add_serve_parser(sub) -> None:
                    help="requests waiting for a row; more are answered 429")
     s.add_argument("--grace", type=number(0), default=options.ServeConfig.grace_s,
                    help="seconds running requests get after SIGTERM")
+    s.add_argument("--stream-interval", type=integer(1), default=options.ServeConfig.stream_interval, metavar="N",
+                   help="a streamed answer's tokens go out once N have gathered (the first at once, the last at "
+                        "the end): fewer, larger chunks leave the engine's thread more of the GIL "
+                        "(docs/serving.md)")
     add_tp(s)
     add_spec_options(s)
     add_engine_options(s)

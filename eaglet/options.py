@@ -287,6 +287,7 @@ class ServeConfig:
     grace_s: float = 30.0
     engine: EngineOptions = EngineOptions()
     tp: int = 1
+    stream_interval: int = 1  # a streamed row's tokens go out once this many have gathered (and at its end)
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and self.max_batch < 1:
@@ -300,6 +301,8 @@ class ServeConfig:
             raise EagletError(f"--port must be in 1..65535, got {self.port}")
         if self.grace_s < 0:
             raise EagletError(f"--grace must be >= 0, got {self.grace_s}")
+        if self.stream_interval < 1:
+            raise EagletError(f"--stream-interval must be >= 1, got {self.stream_interval}")
 
 
 @dataclass(frozen=True)

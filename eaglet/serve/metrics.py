@@ -18,7 +18,7 @@ class Metrics:
         self.running = Gauge("eaglet_running_rows", "Rows decoding in the running batch", registry=r)
         self.batch_rows = Gauge("eaglet_batch_rows", "Rows of the running batch (its size)", registry=r)
         self.prompt_tokens = Counter("eaglet_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
-        self.generated_tokens = Counter("eaglet_generation_tokens", "Tokens sent to clients", registry=r)
+        self.generated_tokens = Counter("eaglet_generation_tokens", "Tokens generated for requests", registry=r)
         self.ttft = Histogram("eaglet_time_to_first_token_seconds", "Arrival to first token", buckets=_BUCKETS,
                               registry=r)
         self.itl = Histogram("eaglet_inter_token_latency_seconds", "Gap between a row's outputs, per token "

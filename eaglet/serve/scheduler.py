@@ -76,7 +76,8 @@ class Request:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False  # set by the handler when the client disconnects; read between steps
     arrival: float = field(default_factory=time.perf_counter)
-    last: float | None = None  # when the last tokens went out
+    last: float | None = None  # when the last tokens were made
+    held: list[int] = field(default_factory=list)  # tokens made but not yet sent (the stream interval)
 
     def emit(self, event) -> None:
         _post(self.loop, [(self, event)])
@@ -101,8 +102,9 @@ def _put_all(events: list[tuple[Request, object]]) -> None:
 
 class Scheduler:
     def __init__(self, engine, max_batch: int, max_queue: int, metrics: Metrics,
-                 sizes: tuple[int, ...] | None = None):
+                 sizes: tuple[int, ...] | None = None, stream_interval: int = 1):
         self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self.stream_interval = stream_interval
         self.sizes = tuple(sorted(sizes)) if sizes else default_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.waiting: deque[Request] = deque()
@@ -312,9 +314,12 @@ class Scheduler:
             else:
                 for _ in toks:
                     self.metrics.itl.observe((now - req.last) / len(toks))
-            req.last = now
+            first, req.last = req.last is None, now
             self.metrics.generated_tokens.inc(len(toks))
-            self.outbox.append((req, toks))
+            req.held += toks
+            if first or len(req.held) >= self.stream_interval:
+                self.outbox.append((req, req.held))
+                req.held = []
         if self.session.rows[row].done:
             self._end(row, None, "finished")
 
@@ -323,6 +328,8 @@ class Scheduler:
         req = self.rows.pop(row)
         done = self.session.release(row) if self.session and row in self.session.rows else None
         if outcome != "aborted":
+            if req.held:
+                self.outbox.append((req, req.held))
             self.outbox.append((req, failure or done))
         self.metrics.requests.labels(outcome).inc()
         self.metrics.running.set(len(self.rows))

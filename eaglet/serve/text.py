@@ -27,11 +27,15 @@ class StreamText:
         self.tok, self.stops, self.ids, self.sent = tokenizer, stops, [], 0
         self.hold = max((len(x) for x in stops), default=1) - 1
         self.local = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        # A fast tokenizer's Rust decoder, called directly: what transformers adds around it (converting
+        # the ids, the clean-up that ``local`` excludes) cost as much again as decoding a window.
+        backend = getattr(tokenizer, "backend_tokenizer", None) if self.local else None
+        self._decoder = backend.decode if backend is not None else tokenizer.decode
         # ids[:mark] decode to ``marked`` whatever follows; ids[mark - WINDOW:mark] decode to ``window``.
         self.mark, self.marked, self.window = 0, "", ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+        return self._decoder(ids, skip_special_tokens=True)
 
     def _text(self) -> str:
         """The text of every token so far."""

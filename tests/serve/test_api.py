@@ -70,6 +70,29 @@ def test_streaming_chat_with_usage(served):
     assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
 
 
+def test_stream_interval_gathers_tokens_into_fewer_chunks(served):
+    """--stream-interval 4: after the first token, the tokens go out 4 or more at a time (the last chunk
+    whatever is left), so 30 tokens make at most 1 + ceil(29 / 4) chunks; the text is the same."""
+    client = served.client()
+    q = QUESTIONS[4]
+    messages = [{"role": "user", "content": q}]
+    want = client.chat.completions.create(model=served.model, messages=messages, max_tokens=30, temperature=0)
+
+    def deltas() -> list[str]:
+        chunks = client.chat.completions.create(model=served.model, messages=messages, max_tokens=30,
+                                                temperature=0, stream=True)
+        return [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+
+    every = deltas()
+    served.scheduler.stream_interval = 4
+    try:
+        gathered = deltas()
+    finally:
+        served.scheduler.stream_interval = 1
+    assert "".join(every) == "".join(gathered) == want.choices[0].message.content
+    assert len(gathered) <= 1 + 8 < len(every)  # the random draft is mostly rejected: a token or two a step
+
+
 def test_text_completions_streaming_and_not(served):
     client = served.client()
     tok = served.engine.target.tokenizer
