@@ -24,7 +24,7 @@ class StreamText:
     """
 
     def __init__(self, tokenizer, stops: tuple[str, ...]):
-        self.tok, self.stops, self.ids, self.sent = tokenizer, stops, [], 0
+        self.stops, self.ids, self.sent = stops, [], 0
         self.hold = max((len(x) for x in stops), default=1) - 1
         self.local = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         # A fast tokenizer's Rust decoder, called directly: what transformers adds around it (converting
