@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+from serve_load_check import metric_totals  # this script's folder is on the path when it runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,12 +51,8 @@ def eaglet(*argv: str, **kw) -> subprocess.CompletedProcess:
 
 def steps(port: int) -> dict[str, float]:
     """The server's step counters from /metrics, by kind."""
-    out = {}
-    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
-        if line.startswith("eaglet_engine_steps_total{"):
-            name, value = line.rsplit(" ", 1)
-            out[name.split('"')[1]] = float(value)
-    return out
+    return {name.split('"')[1]: value for name, value in metric_totals(f"http://127.0.0.1:{port}/metrics").items()
+            if name.startswith("eaglet_engine_steps_total{")}
 
 
 def served(args, level: int, out: Path, port: int) -> dict:

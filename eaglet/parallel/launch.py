@@ -120,14 +120,20 @@ def end_torchrun_rank(code: int) -> int:
     """
     if not (under_torchrun() and dist.is_initialized()):
         return code
-    if code == 0:
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001  (a peer that failed: its own exit code tells torchrun)
-            code = 1
+    if code == 0 and not _meet():
+        code = 1  # a peer failed: its own exit code tells torchrun why
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _meet() -> bool:
+    """Wait for every rank of the group; False when a peer has failed (nothing to wait for then)."""
+    try:
+        dist.barrier()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def leave_group(meet: bool = False) -> None:
@@ -137,10 +143,7 @@ def leave_group(meet: bool = False) -> None:
             # Under torchrun the ranks leave at interpreter exit, each on its own schedule; one
             # that tore the group down while its peer was still on it has been seen to abort
             # that peer under load ("terminate called without an active exception").
-            try:
-                dist.barrier()
-            except Exception:  # noqa: BLE001  (a peer that already failed: nothing to wait for)
-                pass
+            _meet()
         dist.destroy_process_group()
 
 

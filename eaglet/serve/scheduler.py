@@ -309,12 +309,13 @@ class Scheduler:
     def _deliver(self, row: int, toks: list[int]) -> None:
         req, now = self.rows[row], time.perf_counter()
         if toks:
-            if req.last is None:
+            first = req.last is None
+            if first:
                 self.metrics.ttft.observe(now - req.arrival)
             else:
                 for _ in toks:
                     self.metrics.itl.observe((now - req.last) / len(toks))
-            first, req.last = req.last is None, now
+            req.last = now
             self.metrics.generated_tokens.inc(len(toks))
             req.held += toks
             if first or len(req.held) >= self.stream_interval:

@@ -68,10 +68,10 @@ def warm_prefills(engine, max_rows: int = 1) -> None:
     from eaglet.generate import prefill
 
     for graphs in (engine.prefills, getattr(engine, "draft_prefills", None)):
-        rows = 1
-        while graphs is not None and rows <= max_rows:
-            graphs.prepare(rows)
-            rows *= 2
+        if graphs is None:
+            continue
+        for i in range(max_rows.bit_length()):  # every power of two up to max_rows
+            graphs.prepare(1 << i)
     model = engine.target.model
     cache = model.new_cache(1, max(PREFILL_LENGTHS) + 1)
     for n in PREFILL_LENGTHS:
