@@ -12,7 +12,9 @@ from eaglet.cli_checks import answer_list, integer, number, point_list, url
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     rc = options.RegenConfig
     p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
-                   help="rows decoded together (a finished row takes the next prompt at once)")
+                   help="rows decoded together (a finished row takes the next prompt at once; default: on a GPU "
+                        "the most, up to 2048, whose KV cache fits 60%% of the free memory; 256 on a CPU or "
+                        "through --endpoint)")
     p.add_argument("--max-new-tokens", type=integer(1), default=rc.max_new_tokens, help="tokens per answer at most")
     p.add_argument("--answers", type=answer_list, default=rc.answers, metavar="SETTINGS",
                    help="answers per prompt, comma-separated: 'greedy' and sampling temperatures, e.g. "

@@ -73,12 +73,13 @@ class StopChecker:
 
 
 def pad_batch(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T] and lengths [B]."""
-    lengths = torch.tensor([len(s) for s in seqs], device=device)
-    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long, device=device)
+    """Right-padded ids [B, T] and lengths [B], built on the host and copied once (a row at a time on a GPU
+    was two launches a row: hundreds for one of regeneration's admissions)."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, device=device)
-    return ids, lengths
+        ids[i, : len(s)] = torch.tensor(s)
+    return ids.to(device), lengths.to(device)
 
 
 def prefill(target: Target, cache, prompts: list[list[int]]) -> torch.Tensor:

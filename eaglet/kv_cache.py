@@ -79,6 +79,10 @@ class KVCache:
     def reset(self) -> None:
         self.lens.zero_()
 
+    def nbytes(self) -> int:
+        """Bytes of the slots' storage (keys and values, or a latent cache's one buffer)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
     def rows(self, start: int, stop: int) -> KVCache:
         """Rows ``start..stop-1`` as a cache sharing this one's storage (and ``lens``).
 

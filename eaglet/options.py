@@ -194,7 +194,7 @@ class TrainConfig:
 class RegenConfig:
     """How the target answers prompts for training (``data regenerate``, ``train --regenerate``)."""
 
-    batch_size: int = 256
+    batch_size: int | None = None  # rows; None: ``refill.auto_rows`` (from free GPU memory), 256 for an endpoint
     max_new_tokens: int = 384
     answers: tuple[float, ...] = (0.0,)  # one answer per prompt at each temperature; 0 = greedy
     top_p: float = 1.0

@@ -195,7 +195,7 @@ def main() -> None:
     p.add_argument("--self-prompts", type=int, default=3000)
     p.add_argument("--follow-ups", type=float, default=0.25)
     p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--regen-batch-size", type=int, default=512)
+    p.add_argument("--regen-batch-size", type=int, help="default: refill.auto_rows (from the free GPU memory)")
     p.add_argument("--epochs", type=int, default=20, help="an upper bound; the time budget ends each run")
     p.add_argument("--final", type=float, default=0.0,
                    help="then train the records and options of the best variant so far (macro_tau) "

@@ -11,7 +11,8 @@ tokenizer (its answers almost never end early: every one runs to --max-new-token
 Prints one JSON line: answers, answer tokens, wall seconds, tok/s, CPU seconds of this process
 (on a shared machine the wall time also counts other jobs; the CPU time mostly not), and the
 target prefills run (eager forwards, graph replays, the prompts they held, their tokens, and the
-tokens with padding). ``--eager-prefill`` turns the prefill graphs off (the code before them).
+tokens with padding). Regeneration admits eagerly (``refill.GRAPHED_PREFILL``); ``--graphed-prefill``
+admits through the prefill graphs instead, as a server does.
 ``--admit-wait N`` sets ``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a
 huge N: whenever one is).
 ``--repeat 2`` runs the same regeneration twice in one process and prints a line for each
@@ -74,13 +75,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="run N times in this process, one line each; runs after the first find the compile done")
     p.add_argument("--admit-wait", type=int, help="refill.ADMIT_WAIT (default: the code's own)")
-    p.add_argument("--eager-prefill", action="store_true",
-                   help="every admission prefilled eagerly, as before the prefill graphs (eaglet/prefill.py)")
+    p.add_argument("--graphed-prefill", action="store_true",
+                   help="admissions through the prefill graphs (eaglet/prefill.py), not eagerly")
     a = p.parse_args()
     if a.admit_wait is not None:
         eaglet.data.refill.ADMIT_WAIT = a.admit_wait
-    if a.eager_prefill:
-        eaglet.generate.target_prefills = lambda *args, **kw: None
+    eaglet.data.refill.GRAPHED_PREFILL = a.graphed_prefill
     prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0, "graphed_prefills": 0}
     prefill, graphed = eaglet.session.prefill, eaglet.prefill.PrefillGraphs.run
 

@@ -38,6 +38,16 @@ from eaglet.session import Draws, Session, bucket_size
 CAPACITY_STEP = 256  # the KV capacity is rounded up to this
 ADMIT_WAIT = 16  # admit once batch/ADMIT_WAIT rows are free (or none runs): fewer, larger prefills
 PREFILL_TOKENS = 131072  # an admission of long prompts is split until its padded prefill fits this
+# Admissions as eager forwards, not the prefill graphs (``prefill.PrefillGraphs``, made for a server's
+# one-row admissions): at batch 512 on an H200 they admit tens of rows at a time, where one forward's
+# launches are shared by every row, and the graphs' buckets padded 41% more tokens and kept capturing
+# new ones: 39.4k new tokens/s graphed against 50.7k eager (docs/performance.md, session 11).
+GRAPHED_PREFILL = False
+# Rows when the run names none (``auto_rows``). An H200 with SmolLM2 (bf16, 256 new tokens, eager
+# admissions) gave 50.7k new tokens/s at 512 rows, 62.0k at 1,024, 69.5k at 2,048; larger is unmeasured.
+MAX_ROWS = 2048
+CPU_ROWS = 256  # a CPU's step costs in proportion to its rows: more only delays the first answers
+MEMORY_SHARE = 0.6  # of the device's free memory, for the batch's KV cache and logits
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,25 @@ def capacity(target: Target, longest: int, max_new_tokens: int) -> int:
     return min(target.config.context_window, -(-(longest + max_new_tokens + 1) // CAPACITY_STEP) * CAPACITY_STEP)
 
 
+def auto_rows(target: Target, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """Rows of a run that names none: on a GPU the largest power of two, at most MAX_ROWS, whose KV cache at
+    the run's capacity and float32 logits fit MEMORY_SHARE of the free memory; elsewhere CPU_ROWS."""
+    model = target.model
+    device = model.embed.weight.device
+    if device.type != "cuda":
+        return CPU_ROWS
+    probe = model.new_cache(1, capacity(target, max_prompt_tokens, max_new_tokens))
+    per_row = probe.nbytes() + 2 * 4 * target.config.vocab_size  # a row's slots, its logits and their softmax
+    del probe
+    return fitting_rows(torch.cuda.mem_get_info(device)[0], per_row)
+
+
+def fitting_rows(free: int, per_row: int) -> int:
+    """The largest power of two of rows, 1 to MAX_ROWS, of ``per_row`` bytes each within MEMORY_SHARE of ``free``."""
+    fit = max(1, int(MEMORY_SHARE * free) // per_row)
+    return min(MAX_ROWS, 1 << (fit.bit_length() - 1))
+
+
 def stage_batch(rows: int, jobs: int, graphs: bool) -> int:
     """The batch a stage of ``jobs`` answers runs. Under CUDA graphs the run's bucket whatever the stage's
     size: each batch size is a compile and a capture, which cost more than a short stage's idle rows.
@@ -81,7 +110,8 @@ class Refill:
         self.target, self.rows, self.params = target, rows, params
         # Every prompt the run admits has at most max_prompt_tokens (``regenerate`` skips longer ones), so
         # one capacity holds every stage's answers, each to the limit a capacity of its own would give it.
-        self.gen = PlainGenerator(target, capacity(target, max_prompt_tokens, params.max_new_tokens))
+        self.gen = PlainGenerator(target, capacity(target, max_prompt_tokens, params.max_new_tokens),
+                                  bucketed_prefill=GRAPHED_PREFILL)
         # batch -> its session, reused by every stage of that batch: a stage returns with every row released
         # (an exception out of ``done`` ends the run).
         self.sessions: dict[int, Session] = {}

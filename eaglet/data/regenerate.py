@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from eaglet.chat import encode_chat
 from eaglet.data.prompts import Conversation, note, parse_record
-from eaglet.data.refill import Answer, Job, Refill
+from eaglet.data.refill import Answer, Job, Refill, auto_rows
 from eaglet.data.remote import Endpoint, answer_remotely
 from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, StopFlag, stop_on_signal
@@ -48,6 +48,7 @@ from eaglet.outputs import write_atomic
 from eaglet.sampling import SamplingParams
 
 SORT_WINDOW = 4  # batches of prompts sorted by length together (regenerate)
+ENDPOINT_ROWS = 256  # an endpoint's batch when none is given: the sort window's unit (its concurrency is its own)
 FSYNC_S = 1.0  # appended answers are synced to disk at least this often (each step flushes them)
 
 
@@ -174,15 +175,27 @@ def finished_ids(paths: list[Path]) -> tuple[set[str], int]:
     return done, tokens
 
 
+def run_rows(target: Target | Endpoint, batch_size: int | None, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """``batch_size``, or where None: ENDPOINT_ROWS for an endpoint, else ``refill.auto_rows`` (said once)."""
+    if batch_size is not None:
+        return batch_size
+    if isinstance(target, Endpoint):
+        return ENDPOINT_ROWS
+    rows = auto_rows(target, max_prompt_tokens, max_new_tokens)
+    why = "from the free GPU memory" if target.model.embed.weight.device.type == "cuda" else "the CPU's default"
+    note(f"decoding {rows} rows at a time ({why}; --batch-size sets it)")
+    return rows
+
+
 def regenerate(target: Target | Endpoint, prompts: list[Conversation], out: Path, params: SamplingParams,
-               batch_size: int = 256, max_prompt_tokens: int = 1024, seed: int = 0,
+               batch_size: int | None = None, max_prompt_tokens: int = 1024, seed: int = 0,
                stop_when: Callable[[int], bool] | None = None, also_done: list[Path] = (), progress: bool = True,
                claim_fix: str = "pass another --out, or --restart to start over",
                temperatures: tuple[float, ...] | None = None, greedy_only: bool = False,
                refill: Refill | None = None) -> RegenStats:
     """Answer every prompt not yet in ``out`` (or ``also_done``) and append the records to ``out``.
 
-    ``target``: the local target (a running batch of ``batch_size`` rows) or an ``Endpoint``.
+    ``target``: the local target (a running batch of ``batch_size`` rows; ``run_rows``) or an ``Endpoint``.
     ``out`` must be new or an earlier run's with the same settings (``claim_output``).
     ``temperatures``: one answer per prompt at each (0 = greedy; default: ``params.temperature``);
     ``greedy_only`` answers at the first of them alone, greedy when listed (validation prompts:
@@ -193,6 +206,7 @@ def regenerate(target: Target | Endpoint, prompts: list[Conversation], out: Path
     step compiles once; built from the same ``batch_size``, ``max_prompt_tokens`` and ``params`` (default:
     this call's own).
     """
+    batch_size = run_rows(target, batch_size, max_prompt_tokens, params.max_new_tokens)
     if batch_size < 1:
         raise EagletError(f"the batch size must be >= 1, got {batch_size}")
     start = time.perf_counter()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from eaglet.data.prompts import Conversation, note, read_jsonl
 from eaglet.data.refill import Refill
-from eaglet.data.regenerate import RegenStats, regenerate
+from eaglet.data.regenerate import RegenStats, regenerate, run_rows
 from eaglet.data.remote import Endpoint
 from eaglet.data.self_prompts import TurnConfig, follow_up_jobs, load_written, self_prompt_jobs, write_turns
 from eaglet.loading.target import Target
@@ -64,6 +64,7 @@ def answer_sources(target: Target | Endpoint, prompts: list[Conversation], out: 
     ``stop_when(tokens)``: see ``regenerate``; the prompt-writing stages ask it with 0.
     """
     rank, world = shard
+    rc = replace(rc, batch_size=run_rows(target, rc.batch_size, rc.max_prompt_tokens, rc.max_new_tokens))
     turn_stop = (lambda: stop_when(0)) if stop_when else None
     val = [c for c in prompts if c.split == "val"][rank::world]
     train = [c for c in prompts if c.split != "val"][rank::world]

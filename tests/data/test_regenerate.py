@@ -196,3 +196,28 @@ def test_under_cuda_graphs_every_stage_runs_the_runs_batch():
     short stage runs its own rows (nothing to compile)."""
     assert refill.stage_batch(512, 37, graphs=True) == 512 and refill.stage_batch(300, 5, graphs=True) == 512
     assert refill.stage_batch(512, 37, graphs=False) == 37 and refill.stage_batch(4, 9, graphs=False) == 4
+
+
+def test_admissions_prefill_eagerly_unless_graphs_are_asked_for(tiny_target, monkeypatch):
+    """Regeneration admits tens of rows at once, where one eager forward beat the prefill graphs' buckets."""
+    assert refill.Refill(tiny_target, 4, 64, PARAMS).gen.prefills is None
+    monkeypatch.setattr(refill, "GRAPHED_PREFILL", True)
+    assert refill.Refill(tiny_target, 4, 64, PARAMS).gen.prefills is not None
+
+
+def test_without_a_batch_size_a_run_takes_the_rows_its_memory_holds(tiny_target, tmp_path, monkeypatch, capsys):
+    smollm2_row = 1536 * 30 * 2 * 3 * 64 * 2 + 8 * 49152  # bf16 slots at capacity 1,536, float32 logits twice
+    assert refill.fitting_rows(139 * 2**30, smollm2_row) == refill.MAX_ROWS == 2048  # an H200
+    assert refill.fitting_rows(20 * 2**30, smollm2_row) == 256
+    assert refill.fitting_rows(10**6, smollm2_row) == 1
+    cfg = tiny_target.config
+    assert tiny_target.model.new_cache(2, 256).nbytes() == 2 * 256 * cfg.num_layers * 2 * cfg.num_kv_heads * \
+        cfg.head_dim * 4  # float32
+    assert refill.auto_rows(tiny_target, 64, 12) == refill.CPU_ROWS  # no GPU: the CPU's default
+    monkeypatch.setattr(refill, "CPU_ROWS", 3)
+    rows = []
+    init = refill.Refill.__init__
+    monkeypatch.setattr(refill.Refill, "__init__",
+                        lambda self, target, n, *a: rows.append(n) or init(self, target, n, *a))
+    regenerate(tiny_target, prompts(4, seed=11, split="train"), tmp_path / "r.jsonl", PARAMS, progress=False)
+    assert rows == [3] and "decoding 3 rows at a time (the CPU's default" in capsys.readouterr().err
