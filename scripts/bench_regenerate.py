@@ -11,7 +11,11 @@ tokenizer (its answers almost never end early: every one runs to --max-new-token
 Prints one JSON line: answers, answer tokens, wall seconds, tok/s, CPU seconds of this process
 (on a shared machine the wall time also counts other jobs; the CPU time mostly not), and the
 target prefills run (eager forwards, graph replays, the prompts they held, their tokens, and the
-tokens with padding). Regeneration admits eagerly (``refill.GRAPHED_PREFILL``); ``--graphed-prefill``
+tokens with padding), the wall seconds in admissions (``admit_s``) and in steps (``step_s``; each ends in a
+host read, so the GPU's work is inside), the steps, and ``busy_rows``: the mean share of the batch's rows
+running after a step (the rest wait to be refilled, or idle in the drain at the end). ``--profile FILE``
+runs the last repeat under torch.profiler and writes its costliest ops.
+Regeneration admits eagerly (``refill.GRAPHED_PREFILL``); ``--graphed-prefill``
 admits through the prefill graphs instead, as a server does.
 ``--admit-wait N`` sets ``refill.ADMIT_WAIT`` (admit once batch/N rows are free; a
 huge N: whenever one is).
@@ -31,6 +35,7 @@ import random
 import resource
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -70,18 +75,21 @@ def main() -> None:
     p.add_argument("--target", default="smollm2-135m", help="a target, or random:tiny / random:smollm2-135m")
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, help="rows (default: regeneration's own, refill.auto_rows)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=1,
                    help="run N times in this process, one line each; runs after the first find the compile done")
     p.add_argument("--admit-wait", type=int, help="refill.ADMIT_WAIT (default: the code's own)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="run the last repeat under torch.profiler and write its 30 costliest ops (device time) here")
     p.add_argument("--graphed-prefill", action="store_true",
                    help="admissions through the prefill graphs (eaglet/prefill.py), not eagerly")
     a = p.parse_args()
     if a.admit_wait is not None:
         eaglet.data.refill.ADMIT_WAIT = a.admit_wait
     eaglet.data.refill.GRAPHED_PREFILL = a.graphed_prefill
-    prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0, "graphed_prefills": 0}
+    prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0, "graphed_prefills": 0,
+                "admit_s": 0.0, "step_s": 0.0, "steps": 0, "row_steps": 0, "rows": 0}
     prefill, graphed = eaglet.session.prefill, eaglet.prefill.PrefillGraphs.run
 
     def replayed(self, prompts, *extra):  # a graphed admission (counted apart; its tokens are counted too)
@@ -102,6 +110,22 @@ def main() -> None:
         return prefill(target, cache, prompts)
 
     eaglet.session.prefill = counted
+
+    def timed(name, fn):  # wall seconds in a Session method (each ends in a host read, so the GPU work is in it)
+        def wrapper(self, *args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(self, *args, **kw)
+            finally:
+                prefills[f"{name}_s"] += time.perf_counter() - t
+                if name == "step":
+                    prefills["steps"] += 1
+                    prefills["row_steps"] += len(self.running())  # rows still running after it
+                    prefills["rows"] = self.batch
+        return wrapper
+
+    eaglet.session.Session.admit = timed("admit", eaglet.session.Session.admit)
+    eaglet.session.Session.step = timed("step", eaglet.session.Session.step)
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     if a.target.startswith("random:"):
         target = random_target(a.target.split(":", 1)[1], dtype, a.device)
@@ -115,15 +139,32 @@ def main() -> None:
             prefills[k] = 0
         with tempfile.TemporaryDirectory() as tmp:
             cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            stats = regenerate(target, convs, Path(tmp) / "r.jsonl", params, a.batch, progress=False)
+            profiling = a.profile and run == a.repeat
+            with torch.profiler.profile(activities=_activities(a.device)) if profiling else nullcontext() as prof:
+                stats = regenerate(target, convs, Path(tmp) / "r.jsonl", params, a.batch, progress=False)
             seconds, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        if profiling:
+            Path(a.profile).write_text(prof.key_averages().table(sort_by=f"{_kind(a.device)}_time_total", row_limit=30))
         cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+        for k in ("admit_s", "step_s"):
+            prefills[k] = round(prefills[k], 2)
+        busy = prefills["row_steps"] / max(1, prefills["steps"] * prefills["rows"])  # mean share of rows running
         print(json.dumps({"run": run, "target": a.target, "device": a.device, "batch": a.batch,
+                          "busy_rows": round(busy, 3),
                           "max_new_tokens": a.max_new_tokens, "answers": stats.written, "too_long": stats.too_long,
                           "tokens": stats.tokens, "seconds": round(seconds, 2),
                           "tok_s": round(stats.tokens / seconds, 1),
                           "cpu_seconds": round(cpu, 1), "tok_per_cpu_s": round(stats.tokens / max(cpu, 1e-9), 2),
                           **prefills, "threads": torch.get_num_threads()}), flush=True)
+
+
+def _kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def _activities(device: str) -> list:
+    cpu = torch.profiler.ProfilerActivity.CPU
+    return [cpu, torch.profiler.ProfilerActivity.CUDA] if _kind(device) == "cuda" else [cpu]
 
 
 if __name__ == "__main__":
