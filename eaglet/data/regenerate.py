@@ -183,7 +183,7 @@ def run_rows(target: Target | Endpoint, batch_size: int | None, max_prompt_token
         return ENDPOINT_ROWS
     rows = auto_rows(target, max_prompt_tokens, max_new_tokens)
     why = "from the free GPU memory" if target.model.embed.weight.device.type == "cuda" else "the CPU's default"
-    note(f"decoding {rows} rows at a time ({why}; --batch-size sets it)")
+    note(f"decoding up to {rows} rows at a time ({why}; --batch-size sets it)")
     return rows
 
 

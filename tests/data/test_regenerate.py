@@ -220,4 +220,4 @@ def test_without_a_batch_size_a_run_takes_the_rows_its_memory_holds(tiny_target,
     monkeypatch.setattr(refill.Refill, "__init__",
                         lambda self, target, n, *a: rows.append(n) or init(self, target, n, *a))
     regenerate(tiny_target, prompts(4, seed=11, split="train"), tmp_path / "r.jsonl", PARAMS, progress=False)
-    assert rows == [3] and "decoding 3 rows at a time (the CPU's default" in capsys.readouterr().err
+    assert rows == [3] and "decoding up to 3 rows at a time (the CPU's default" in capsys.readouterr().err
