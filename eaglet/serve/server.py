@@ -10,6 +10,7 @@ followers ignore SIGINT and SIGTERM: rank 0 alone decides when the ranks stop.
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import time
@@ -81,9 +82,23 @@ def warm_prefills(engine, max_rows: int = 1) -> None:
 
 
 def warm_up(engine, cfg: ServeConfig, tp: TPGroup = SINGLE) -> None:
-    """Build every batch size's compiled step now, so that no request waits for a compile."""
-    if not (engine.use_graphs if cfg.warm_up is None else cfg.warm_up):
-        return
+    """Build every batch size's compiled step now, so that no request waits for a compile; then
+    ``freeze_heap``, warmed or not."""
+    if engine.use_graphs if cfg.warm_up is None else cfg.warm_up:
+        _build(engine, cfg, tp)
+    freeze_heap()
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every live object (the model, compiled steps and their graphs: hundreds of
+    thousands of objects) to the permanent generation, which no later collection walks. Unfrozen, a full
+    collection during serving walks them all, and a request waits: 0.18 s on the 2-core CPU with SmolLM2
+    loaded, 0.33 s after four small compiles. SGLang and vLLM freeze after start-up too."""
+    gc.collect()
+    gc.freeze()
+
+
+def _build(engine, cfg: ServeConfig, tp: TPGroup) -> None:
     sizes = batch_sizes(cfg, engine.use_graphs)
     t0 = time.perf_counter()
     with torch.inference_mode():

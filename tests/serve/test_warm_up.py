@@ -3,10 +3,22 @@ and a warmed engine decodes exactly as a cold one."""
 
 from __future__ import annotations
 
+import gc
+
+import pytest
+
 from eaglet.options import ServeConfig, TargetOptions
 from eaglet.sampling import SamplingParams
 from eaglet.serve.server import warm_up
 from tests.serve.conftest import new_engine
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    """warm_up freezes the heap (``freeze_heap``): the test process's later garbage must stay collectable."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
 
 
 def test_warm_up_builds_each_size_and_changes_no_output(served_dirs, one_thread, monkeypatch):
@@ -51,3 +63,11 @@ def test_warm_up_captures_the_prefill_buckets_of_every_batch_size(served_dirs, o
     prompts, params = [[5, 9, 14, 3], [7, 7, 2]], SamplingParams(max_new_tokens=24)
     assert [c.tokens for c in engine.generate(prompts, params)] == \
         [c.tokens for c in new_engine(served_dirs).generate(prompts, params)]
+
+
+def test_the_heap_is_frozen_after_warm_up_even_without_one(served_dirs, one_thread):
+    """A full collection during serving would walk every object of the model and its compiled steps."""
+    engine = new_engine(served_dirs)
+    assert gc.get_freeze_count() == 0
+    warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1,), warm_up=False))
+    assert gc.get_freeze_count() > 10_000  # the engine's objects, at least
