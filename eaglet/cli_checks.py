@@ -305,7 +305,8 @@ def _train(args: Namespace) -> None:
                           "pass the prompts from another file")
     _features("--features", args.features)
     _features("--val-features", args.val_features)
-    regen_only = {"--self-prompts": args.self_prompts, "--follow-ups": args.follow_ups,
+    regen_only = {"--self-prompts": args.self_prompts, "--self-prompt-openers": args.self_prompt_openers,
+                  "--follow-ups": args.follow_ups,
                   "--answers": args.answers != (0.0,), "--regen-budget-min": args.regen_budget_min}
     given = [k for k, v in regen_only.items() if v]
     if given and not args.regenerate:
@@ -319,6 +320,10 @@ def _train(args: Namespace) -> None:
 
 
 def _follow_ups(args: Namespace) -> None:
+    """The options of the turns the target writes (``data regenerate`` and ``train --regenerate``)."""
+    if args.self_prompt_openers and not args.self_prompts:
+        raise EagletError("--self-prompt-openers starts some of the --self-prompts, but none are asked for; add "
+                          "--self-prompts N, or leave it out")
     if args.follow_ups and 0.0 not in args.answers:
         given = ",".join(f"{t:g}" for t in args.answers)
         raise EagletError(f"--follow-ups continue the greedy answers, but --answers {given} has no greedy setting; "

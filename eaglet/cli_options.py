@@ -47,7 +47,8 @@ def _engine(a: Namespace) -> EngineOptions:
 
 def _regen(a: Namespace) -> RegenConfig:
     return RegenConfig(a.regen_batch_size, a.max_new_tokens, a.answers, a.top_p, a.max_prompt_tokens,
-                       a.max_samples, a.max_val_samples, a.self_prompts, a.follow_ups, a.seed)
+                       a.max_samples, a.max_val_samples, a.self_prompts, a.follow_ups, a.seed,
+                       a.self_prompt_openers)
 
 
 def _split(a: Namespace) -> str | None:

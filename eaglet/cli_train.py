@@ -31,6 +31,10 @@ def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
                    help="also have the target write N user prompts itself from the chat template's user prefix "
                         "(Magpie; source 'self', 5%% held out for validation as 'self-heldout'; cut, short and "
                         "duplicate ones are dropped)")
+    p.add_argument("--self-prompt-openers", type=number(0, 1), default=rc.self_prompt_openers, metavar="FRACTION",
+                   help="start this fraction of the --self-prompts with an opener such as 'Pretend you are' or "
+                        "'Write a poem about' and let the target write the rest: requests of kinds it seldom "
+                        "writes unprompted (source 'self-steered')")
     p.add_argument("--follow-ups", type=number(0, 1), default=rc.follow_ups, metavar="FRACTION",
                    help="give this fraction of the greedily answered conversations a second user turn the "
                         "target writes, and answer it (multi-turn data)")

@@ -204,6 +204,7 @@ class RegenConfig:
     self_prompts: int = 0  # Magpie attempts: user prompts the target writes itself
     follow_ups: float = 0.0  # fraction of greedily answered conversations given a second turn
     seed: int = 0
+    self_prompt_openers: float = 0.0  # share of the Magpie prompts started with an opener (self_prompts.OPENERS)
 
     def __post_init__(self) -> None:
         if not self.answers or len(set(self.answers)) != len(self.answers) or min(self.answers) < 0:
@@ -211,6 +212,8 @@ class RegenConfig:
                               f"got {list(self.answers)}")
         if not 0 <= self.follow_ups <= 1:
             raise EagletError(f"--follow-ups must be a fraction in [0, 1], got {self.follow_ups}")
+        if not 0 <= self.self_prompt_openers <= 1:
+            raise EagletError(f"--self-prompt-openers must be a fraction in [0, 1], got {self.self_prompt_openers}")
 
     def params(self) -> SamplingParams:
         return SamplingParams(self.answers[0], self.top_p, 0, self.max_new_tokens, self.seed)

@@ -54,7 +54,8 @@ from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
-# corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "turns" (+ second turns).
+# corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "steered" (+ Magpie prompts
+# started with an opener), "turns" (+ second turns).
 PLAIN = {"aux_norm": False}  # the data variants without the recipe's options (aux_norm is on by default)
 VARIANTS = {
     "base": (("greedy",), PLAIN),
@@ -68,6 +69,9 @@ VARIANTS = {
     # learning rate (default 5e-4) is the next lever to measure.
     "all-norm-lr1e-3": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "lr": 1e-3}),
     "all-norm-lr2e-3": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "lr": 2e-3}),
+    # + the Magpie prompts started with an opener (--self-prompt-openers): writing and role-play, the kinds
+    # the draft served worst, are what the target seldom writes unprompted.
+    "all-norm-steered": (("greedy", "sampled", "self", "steered", "turns"), {"aux_norm": True}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 
@@ -75,8 +79,8 @@ GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "s
 def kind(c: Conversation) -> str:
     if "+2" in c.id:
         return "turns"
-    if c.source == "self":
-        return "self"
+    if c.source in ("self", "self-steered"):
+        return c.source.removeprefix("self-")
     return "sampled" if "~t" in c.id else "greedy"
 
 
@@ -193,6 +197,9 @@ def main() -> None:
     p.add_argument("--max-samples", type=int, default=8000, help="training prompts of --data (a seeded sample)")
     p.add_argument("--max-val-samples", type=int, help="validation prompts (a seeded sample; default: all 1,561)")
     p.add_argument("--self-prompts", type=int, default=3000)
+    p.add_argument("--self-prompt-openers", type=float, default=0.5,
+                   help="share of the Magpie prompts started with an opener (kind 'steered'; only "
+                        "all-norm-steered trains on them)")
     p.add_argument("--follow-ups", type=float, default=0.25)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--regen-batch-size", type=int, help="default: refill.auto_rows (from the free GPU memory)")
@@ -216,7 +223,8 @@ def main() -> None:
     rc = RegenConfig(batch_size=args.regen_batch_size, max_new_tokens=args.max_new_tokens,
                      answers=tuple(float(a) for a in args.answers.split(",")), max_samples=args.max_samples,
                      max_val_samples=args.max_val_samples,
-                     self_prompts=args.self_prompts, follow_ups=args.follow_ups)
+                     self_prompts=args.self_prompts, follow_ups=args.follow_ups,
+                     self_prompt_openers=args.self_prompt_openers)
     t0 = time.time()
     regen_dir = out / "data"
     regen_dir.mkdir(exist_ok=True)

@@ -22,11 +22,12 @@ def _rec(rid, split="train", source="evals/x", turns=1, **kw):
 
 def test_variants_filter_training_records_and_keep_every_validation_record(tmp_path):
     convs = [_rec("p1"), _rec("p1~t0.7"), _rec("self-3", source="self"), _rec("p1+2", turns=2),
-             _rec("v1", split="val", source="human-eval"), _rec("v1+2", split="val", source="human-eval", turns=2),
+             _rec("self-4", source="self-steered"), _rec("v1", split="val", source="human-eval"),
+             _rec("v1+2", split="val", source="human-eval", turns=2),
              _rec("self-9", split="val", source="self-heldout"), _rec("c1", split="val", source="chitchat-heldout"),
              _rec("e1", split="val", source="evals/unseen", finish_reason="length")]
-    assert [ablate.kind(c) for c in convs[:4]] == ["greedy", "sampled", "self", "turns"]
-    assert [ablate.group(c) for c in convs[4:]] == ["human-eval", "second turns", "held-out Magpie",
+    assert [ablate.kind(c) for c in convs[:5]] == ["greedy", "sampled", "self", "turns", "steered"]
+    assert [ablate.group(c) for c in convs[5:]] == ["human-eval", "second turns", "held-out Magpie",
                                                     "held-back chats", "unseen evals"]
     for name, (kinds, _) in ablate.VARIANTS.items():
         path = tmp_path / f"{name}.jsonl"

@@ -95,6 +95,8 @@ CASES = [  # (id, argv, words the message must hold)
     ("regen-follow-ups-2", [*REGEN, "--follow-ups", "2"], ["--follow-ups", "[0, 1]", "'2'"]),
     ("regen-follow-ups-without-greedy", [*REGEN, "--follow-ups", "0.5", "--answers", "0.7"],
      ["--follow-ups", "no greedy", "--answers 0.7"]),
+    ("regen-openers-without-self-prompts", [*REGEN, "--self-prompt-openers", "0.5"],
+     ["--self-prompt-openers", "--self-prompts N"]),
     ("regen-data-missing", [*REGEN[:5], "{ws}/nope.jsonl", *REGEN[6:]], ["--data", "does not exist"]),
     ("regen-data-one-missing", [*REGEN[:5], P + ",{ws}/nope.jsonl", *REGEN[6:]], ["--data", "nope.jsonl"]),
     ("regen-out-is-data", [*REGEN[:-1], P], ["--out", "input of --data"]),

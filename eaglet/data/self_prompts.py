@@ -7,6 +7,14 @@ end-of-turn token (Magpie, arXiv 2406.08464). No data package is needed, and the
 are the kind the target was tuned on. The same prefix after a conversation the target
 has answered gives that conversation's next user turn (``follow_up_jobs``).
 
+An aligned model left to itself writes some kinds of request more than others (the 135M
+SmolLM2 mostly asks for advice and explanations), and a system message that asks for a
+kind does not steer it. Starting the user turn does: after "Pretend you are" it writes a
+role-play request, after "Write a poem" a poem request. ``TurnConfig.openers`` is the share
+of Magpie prompts started with one of ``OPENERS`` (the kinds of chat traffic: writing,
+role-play, reasoning, math, code, extraction, STEM, humanities), chosen per id; their source
+is ``STEERED_SOURCE`` and the kept text is the opener and what the target wrote after it.
+
 A written turn is kept when it ended on its own (not cut at ``max_new_tokens``) and its
 text has ``min_chars..max_chars`` characters; a Magpie prompt also when it is no duplicate
 (case and spacing ignored) of a kept one (a second turn such as "Thanks!" may recur).
@@ -38,6 +46,18 @@ from eaglet.loading.target import Target
 from eaglet.sampling import SamplingParams
 
 SELF_SOURCE = "self"  # the source name of Magpie-style prompts
+STEERED_SOURCE = "self-steered"  # Magpie prompts the target wrote after one of OPENERS
+OPENERS = (
+    "Write a short story about", "Write a poem about", "Write a letter to", "Write a blog post about",
+    "Write a speech for", "Compose an email to", "Rewrite the following", "Draft a",
+    "Pretend you are", "Imagine you are", "Act as", "Let's play a game where",
+    "If", "Why do", "Which is more likely", "Solve this riddle:",
+    "Calculate", "Solve for x:", "What is the probability that", "Prove that",
+    "Write a Python function", "How do I", "Explain this code:", "Fix the bug in",
+    "Summarize the following", "Extract", "List the", "Classify",
+    "Explain how", "What causes", "Describe the process of", "What is the difference between",
+    "Discuss", "Compare", "What was the significance of", "Describe",
+)
 _SENTINEL = "\ue000eaglet-user-turn\ue000"
 
 
@@ -51,6 +71,7 @@ class TurnConfig:
     max_chars: int = 2000
     batch_size: int = 256
     seed: int = 0
+    openers: float = 0.0  # share of Magpie prompts started with one of OPENERS (``opener``)
 
     def params(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, 0, self.max_new_tokens, self.seed)
@@ -77,8 +98,9 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     """For each job (its id, split and source, and the messages so far) whose id is not yet in ``out``:
     the target writes the next user turn; kept turns are appended as prompt records. Returns how many
     were kept this run. ``kind`` names the run in ``out``'s recorded settings."""
+    # The batch size changes no turn; openers at 0 are left out, so files written before they existed resume.
     claim_output(out, {"target": str(target.name), "kind": kind, **{k: v for k, v in vars(cfg).items()
-                                                                    if k != "batch_size"}},
+                                                                    if k != "batch_size" and (k, v) != ("openers", 0)}},
                  fix="pass another --out")
     tried = whole_records(out)
     done = {str(r.get("id")) for r in tried}
@@ -100,14 +122,15 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
                                   "to resume")
             if stop_when is not None and stop_when():
                 break
-            texts = [user_prefix(tok, list(c.messages)) for c in batch]
+            heads = [opener(c.id, cfg.openers, cfg.seed) for c in batch]
+            texts = [user_prefix(tok, list(c.messages)) + head for c, head in zip(batch, heads)]
             ids = tok(texts, add_special_tokens=False)["input_ids"]
             gen = generator_for(target, generators, max(map(len, ids)), cfg.max_new_tokens)
             outs = gen.generate(ids, replace(cfg.params(), seed=zlib.crc32(f"{cfg.seed}:{first}".encode()))) \
                 if gen is not None else [None] * len(batch)  # conversations too long to continue
             lines = []
-            for c, o in zip(batch, outs):
-                text = tok.decode(o.tokens, skip_special_tokens=True).strip() if o is not None else ""
+            for c, o, head in zip(batch, outs, heads):
+                text = (head + tok.decode(o.tokens, skip_special_tokens=True)).strip() if o is not None else ""
                 why = ("too long to continue" if o is None else "cut at max_new_tokens" if o.finish_reason != "stop"
                        else "length" if not cfg.min_chars <= len(text) <= cfg.max_chars
                        else "duplicate" if dedupe and _key(text) in seen else None)
@@ -147,10 +170,22 @@ def generator_for(target: Target, generators: dict[int, PlainGenerator], longest
     return generators[cap]
 
 
-def self_prompt_jobs(n: int, system: str | None = None) -> list[Conversation]:
-    """``n`` empty conversations (or a system message alone) for Magpie prompts, ids ``self-<i>``."""
+def self_prompt_jobs(n: int, system: str | None = None, openers: float = 0.0, seed: int = 0) -> list[Conversation]:
+    """``n`` empty conversations (or a system message alone) for Magpie prompts, ids ``self-<i>``; those that
+    ``opener`` starts (``openers`` of them, by id) have the source STEERED_SOURCE."""
     msgs = ({"role": "system", "content": system},) if system else ()
-    return [Conversation(f"self-{i}", msgs, split="train", source=SELF_SOURCE) for i in range(n)]
+    return [Conversation(cid, msgs, split="train",
+                         source=STEERED_SOURCE if opener(cid, openers, seed) else SELF_SOURCE)
+            for cid in (f"self-{i}" for i in range(n))]
+
+
+def opener(conv_id: str, share: float, seed: int) -> str:
+    """The start of the Magpie prompt ``conv_id`` (one of OPENERS for ``share`` of the ids, by a seeded hash of
+    the id, so a resumed run starts each as before), or "" (the target writes the whole turn)."""
+    if not share:
+        return ""
+    h = zlib.crc32(f"opener:{seed}:{conv_id}".encode())
+    return OPENERS[h % len(OPENERS)] if h < share * 2**32 else ""
 
 
 def follow_up_jobs(answered: list[Conversation]) -> list[Conversation]:

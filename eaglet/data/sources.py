@@ -71,8 +71,9 @@ def answer_sources(target: Target | Endpoint, prompts: list[Conversation], out: 
     if rc.self_prompts:
         path = side_file(out, "self-prompts")
         jobs = [replace(c, split="val", source=SELF_VAL_SOURCE) if picked(c.id, SELF_VAL_FRACTION, "self-val") else c
-                for c in self_prompt_jobs(rc.self_prompts)[rank::world]]
-        write_turns(target, jobs, path, _turns(rc), "self-prompts", turn_stop, progress)
+                for c in self_prompt_jobs(rc.self_prompts, openers=rc.self_prompt_openers, seed=rc.seed)[rank::world]]
+        write_turns(target, jobs, path, replace(_turns(rc), openers=rc.self_prompt_openers), "self-prompts",
+                    turn_stop, progress)
         written = load_written(path)
         val += [c for c in written if c.split == "val"]
         train += [c for c in written if c.split != "val"]

@@ -11,9 +11,12 @@ from eaglet.chat import encode_chat
 from eaglet.data.prompts import parse_record, read_jsonl, split_train_val
 from eaglet.data.regenerate import regenerate
 from eaglet.data.self_prompts import (
+    OPENERS,
     SELF_SOURCE,
+    STEERED_SOURCE,
     TurnConfig,
     load_written,
+    opener,
     self_prompt_jobs,
     user_prefix,
     write_turns,
@@ -216,3 +219,29 @@ def test_answers_cut_at_the_limit_get_no_second_turn(tiny_target, tmp_path, monk
                    RegenConfig(batch_size=4, max_new_tokens=5, follow_ups=1.0), progress=False)
     convs = read_jsonl(out)[0]
     assert len(convs) == 4 and all(c.truncated for c in convs)
+
+
+def test_openers_start_a_share_of_self_prompts_and_the_target_writes_the_rest(tiny_target, tmp_path, monkeypatch):
+    fed = []
+
+    class Reader(_Writer):  # also keeps the text each row was given to continue
+        def generate(self, rows, params):
+            fed.extend(self.tok.decode(r) for r in rows)
+            return super().generate(rows, params)
+
+    monkeypatch.setattr("eaglet.data.self_prompts.generator_for", lambda target, *_: Reader(target))
+    _Writer.texts = [(f" thing number {i}.", "stop") for i in range(200)]
+    out = tmp_path / "r.jsonl"
+    answer_sources(tiny_target, [], out, RegenConfig(batch_size=8, max_new_tokens=4, self_prompts=200,
+                                                     self_prompt_openers=0.5), progress=False)
+    written = {c.id: c for c in load_written(side_file(out, "self-prompts"))}
+    heads = {cid: opener(cid, 0.5, 0) for cid in written}
+    start = user_prefix(tiny_target.tokenizer, [])
+    assert 60 < sum(map(bool, heads.values())) < 140 and len(set(heads.values())) > 20
+    for cid, c in written.items():
+        i = int(cid.removeprefix("self-"))
+        assert fed[i] == start + heads[cid]  # the opener starts the user turn the target continues
+        assert c.messages[-1]["content"] == (heads[cid] + f" thing number {i}.").strip()
+        if c.split == "train":
+            assert c.source == (STEERED_SOURCE if heads[cid] else SELF_SOURCE)
+    assert opener("self-3", 0.0, 0) == "" and all(opener(f"self-{i}", 1.0, 0) in OPENERS for i in range(50))
