@@ -144,7 +144,8 @@ def main() -> None:
                 stats = regenerate(target, convs, Path(tmp) / "r.jsonl", params, a.batch, progress=False)
             seconds, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
         if profiling:
-            Path(a.profile).write_text(prof.key_averages().table(sort_by=f"self_{_kind(a.device)}_time_total", row_limit=30))
+            costliest = prof.key_averages().table(sort_by=f"self_{_kind(a.device)}_time_total", row_limit=30)
+            Path(a.profile).write_text(costliest)
         cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
         for k in ("admit_s", "step_s"):
             prefills[k] = round(prefills[k], 2)
