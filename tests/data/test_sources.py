@@ -245,3 +245,11 @@ def test_openers_start_a_share_of_self_prompts_and_the_target_writes_the_rest(ti
         if c.split == "train":
             assert c.source == (STEERED_SOURCE if heads[cid] else SELF_SOURCE)
     assert opener("self-3", 0.0, 0) == "" and all(opener(f"self-{i}", 1.0, 0) in OPENERS for i in range(50))
+    # A rerun resumes: nothing is written again; another share is other settings, refused.
+    before = side_file(out, "self-prompts").read_bytes()
+    rc = RegenConfig(batch_size=8, max_new_tokens=4, self_prompts=200, self_prompt_openers=0.5)
+    assert sum(s.written for s in answer_sources(tiny_target, [], out, rc, progress=False)) == 0
+    assert side_file(out, "self-prompts").read_bytes() == before
+    with pytest.raises(EagletError, match="settings"):
+        answer_sources(tiny_target, [], out, RegenConfig(batch_size=8, max_new_tokens=4, self_prompts=200,
+                                                         self_prompt_openers=0.25), progress=False)
