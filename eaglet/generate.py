@@ -127,9 +127,9 @@ def _compiled(fn: Callable, what: str) -> Callable:
 
 
 def target_prefills(target: Target, capacity: int, graphs: bool, bucketed: bool | None,
-                    capture: tuple[int, ...] = ()) -> PrefillGraphs | None:
+                    capture: tuple[int, ...] = (), compile: bool = False) -> PrefillGraphs | None:
     """The target's prefill per bucket (``prefill.PrefillGraphs``: logits, then the captured points when
-    ``capture``), or None where ``bucketed`` (default: ``graphs``) is off."""
+    ``capture``; ``compile``: fused first), or None where ``bucketed`` (default: ``graphs``) is off."""
     if not (graphs if bucketed is None else bucketed):
         return None
     model = target.model
@@ -140,7 +140,7 @@ def target_prefills(target: Target, capacity: int, graphs: bool, bucketed: bool 
 
     params = sum(p.numel() for p in model.parameters())
     return PrefillGraphs(model.new_cache, forward, model.embed.weight.device, capacity, token_cap(params),
-                         graphs=graphs)
+                         graphs=graphs, compile=compile)
 
 
 # Plain steps per chunk under CUDA graphs. At batch 1 on the H200 the host's work per token

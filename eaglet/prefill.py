@@ -52,12 +52,17 @@ class PrefillGraphs:
     ``max_tokens``: padded tokens (rows x length) of the largest bucket, and the scratch cache's slots;
     ``extra(rows, length)``: example tensors of what ``forward`` reads besides the ids (the draft's
     captured points), for capturing ahead of use; ``graphs``: capture (CUDA), else run the same
-    padded forwards eagerly (tests of the bucketing on the CPU).
+    padded forwards eagerly (tests of the bucketing on the CPU). ``compile``: fuse ``forward`` with
+    torch.compile before capturing (shapes marked dynamic after the first, so buckets share compiles):
+    an experiment (``scripts/prefill_cost.py``), off in the engines.
     """
 
     def __init__(self, new_cache: Callable[[int, int], KVCache], forward: Forward, device: torch.device,
                  max_length: int, max_tokens: int = MAX_TOKENS,
-                 extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (), graphs: bool = True):
+                 extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (), graphs: bool = True,
+                 compile: bool = False):
+        if compile:
+            forward = torch.compile(forward)
         self.new_cache, self.forward, self.device, self.extra, self.graphs = new_cache, forward, device, extra, graphs
         self.lengths = [x for x in LENGTHS if x <= min(max_length, max_tokens)]
         self.max_length, self.max_tokens = max_length, max_tokens

@@ -8,7 +8,9 @@ Per prompt length: the eager prefill into a cache (``generate.prefill``), the gr
 the copy into the batch's row), and ``PlainGenerator.generate`` of 1 and of 65 new tokens with each
 prefill: generate(1) is the fixed cost (the prefill gives the first token; no step runs), and
 (generate(65) - generate(1)) / 64 the cost a token (8 chunks of 8 steps under CUDA graphs).
-Medians of ``--repeats`` runs after two warm-ups (which capture and compile).
+Medians of ``--repeats`` runs after two warm-ups (which capture and compile). ``--compiled`` adds the
+graphed prefill with its forward fused by torch.compile first (``PrefillGraphs(compile=True)``, not used by
+the engines yet): its replay, and the seconds its first use at each length took (compile and capture).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def main() -> int:
     ap.add_argument("--shape", default="smollm2-135m")
     ap.add_argument("--lengths", type=int, nargs="+", default=[20, 60, 100, 150, 250, 500])
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--compiled", action="store_true", help="also the graphed prefill compiled first")
     a = ap.parse_args()
 
     from eaglet.generate import PlainGenerator, prefill, target_prefills
@@ -39,6 +42,7 @@ def main() -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cache = target.model.new_cache(1, 4096)
     graphs = target_prefills(target, 4096, cuda, True)
+    fused = target_prefills(target, 4096, cuda, True, compile=True) if a.compiled else None
     landing = Landing(cache, target.model.new_cache)
     gens = {mode: PlainGenerator(target, 4096, bucketed_prefill=mode == "graphed") for mode in ("eager", "graphed")}
 
@@ -57,14 +61,24 @@ def main() -> int:
         cache.reset()
         prefill(target, cache, [prompt])
 
-    def graphed(prompt):
-        (logits,), view = graphs.run([prompt])
+    def graphed(prompt, bucketed=graphs):
+        (logits,), view = bucketed.run([prompt])
         landing.land(view, [0], len(prompt))
+
+    def first_use_s(prompt) -> float:
+        sync()
+        t0 = time.perf_counter()
+        graphed(prompt, fused)
+        sync()
+        return time.perf_counter() - t0
 
     def measure(n: int) -> dict:
         prompt = [(7 * i) % 1000 + 3 for i in range(n)]
         row = {"length": n, "eager_ms": median_ms(eager, prompt),
                "graphed_ms": median_ms(graphed, prompt) if graphs.bucket(1, n) else None}
+        if fused is not None and fused.bucket(1, n):
+            row["compiled_first_use_s"] = first_use_s(prompt)
+            row["compiled_ms"] = median_ms(graphed, prompt, fused)
         for mode, gen in gens.items():
             one = median_ms(gen.generate, [prompt], SamplingParams(max_new_tokens=1))
             many = median_ms(gen.generate, [prompt], SamplingParams(max_new_tokens=65))
@@ -75,12 +89,12 @@ def main() -> int:
 
     with torch.inference_mode():
         rows = [measure(n) for n in a.lengths]
-    cols = ["length", "eager_ms", "graphed_ms", "eager_fixed_ms", "graphed_fixed_ms", "eager_token_ms",
-            "graphed_token_ms"]
+    cols = ["length", "eager_ms", "graphed_ms", *(["compiled_ms", "compiled_first_use_s"] * a.compiled),
+            "eager_fixed_ms", "graphed_fixed_ms", "eager_token_ms", "graphed_token_ms"]
     print(f"\n{a.shape}, {a.device}, batch 1, medians of {a.repeats} (ms)")
     print(" | ".join(cols))
     for r in rows:
-        print(" | ".join("-" if r[c] is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
+        print(" | ".join("-" if r.get(c) is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
                          for c in cols))
     return 0
 

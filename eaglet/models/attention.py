@@ -38,17 +38,19 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tenso
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
-def _kernel_applies(q: torch.Tensor, meta: AttnMeta) -> bool:
-    if IMPL not in ("auto", "triton") or not (q.is_cuda and HAS_TRITON) or meta.extra is None:
+def kernel_applies(device: torch.device, head_dim: int, meta: AttnMeta) -> bool:
+    """Whether ``cached_attention`` runs the Triton kernel for queries on ``device`` (else SDPA over
+    ``meta.dense_mask()``)."""
+    if IMPL not in ("auto", "triton") or not (device.type == "cuda" and HAS_TRITON) or meta.extra is None:
         return False
     from eaglet.models.tree_attention import MAX_EXTRA
 
-    return meta.extra.shape[-1] <= MAX_EXTRA and q.shape[-1] in (64, 128)
+    return meta.extra.shape[-1] <= MAX_EXTRA and head_dim in (64, 128)
 
 
 def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor:
     """q [B, T, nq, D] over ``layer`` of the cache (this forward's K/V already written) -> [B, T, nq, D]."""
-    if _kernel_applies(q, meta):
+    if kernel_applies(q.device, q.shape[-1], meta):
         from eaglet.models.tree_attention import tree_attention
 
         return tree_attention(q, cache.k[layer], cache.v[layer], meta.lens, meta.extra)

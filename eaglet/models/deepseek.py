@@ -8,8 +8,10 @@ engine, generate, capture and the doctor drive this model unchanged.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from eaglet.kv_cache import AttnMeta
 from eaglet.models.deepseek_config import DeepseekConfig
 from eaglet.models.layers import MLP, RMSNorm, Rotary, TensorSource
 from eaglet.models.llama import Transformer
@@ -41,6 +43,9 @@ class DeepseekTransformer(Transformer):
     def rotary_table(cfg: DeepseekConfig, max_pos: int) -> Rotary:
         inv_freq, scale = cfg.rope_tables()
         return Rotary(None, max_pos, inv_freq, scale)  # [P, qk_rope_head_dim], YaRN's factor on cos/sin
+
+    def attends_densely(self, ids: torch.Tensor, meta: AttnMeta) -> bool:
+        return True  # latent attention reads the dense mask on every device
 
     def new_cache(self, batch: int, capacity: int) -> LatentCache:
         p, c = self.embed.weight, self.cfg

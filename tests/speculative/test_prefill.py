@@ -75,6 +75,20 @@ def test_bucketed_prefill_decodes_the_same_tokens(target):
     assert [c.tokens for c in spec.generate(prompts, params)] == [c.tokens for c in eager]
 
 
+def test_compiled_prefill_buckets_give_the_eager_logits(target):
+    """torch.compile refused the layers' compiled region (DecoderLayer) wherever attention ran SDPA over a dense
+    mask (the CPU, prefills past the Triton kernel's 128 tokens): the first layer built the mask inside it, a side
+    effect. The mask is built before the layers now; compiled buckets of two lengths match the eager ones."""
+    from eaglet.generate import target_prefills
+
+    plain, fused = (target_prefills(target, CONTEXT, False, True, compile=c) for c in (False, True))
+    for prompt in prompts_of([10, 40], seed=7):
+        (want,), _ = plain.run([prompt])
+        (got,), view = fused.run([prompt])
+        torch.testing.assert_close(got[:1], want[:1], rtol=1e-4, atol=1e-4)
+        assert int(view.lens[0]) == len(prompt)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graphed_prefill_decodes_as_the_eager_one(tmp_path):
     from tests.speculative.conftest import echo_draft, repeat_prone, tiny_target
