@@ -10,7 +10,8 @@ prefill: generate(1) is the fixed cost (the prefill gives the first token; no st
 (generate(65) - generate(1)) / 64 the cost a token (8 chunks of 8 steps under CUDA graphs).
 Medians of ``--repeats`` runs after two warm-ups (which capture and compile). ``--compiled`` adds the
 graphed prefill with its forward fused by torch.compile first (``PrefillGraphs(compile=True)``, not used by
-the engines yet): its replay, and the seconds its first use at each length took (compile and capture).
+the engines yet): its replay, the seconds its first use at each length took (compile and capture), and
+``PlainGenerator``'s fixed cost and cost a token with it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def main() -> int:
     fused = target_prefills(target, 4096, cuda, True, compile=True) if a.compiled else None
     landing = Landing(cache, target.model.new_cache)
     gens = {mode: PlainGenerator(target, 4096, bucketed_prefill=mode == "graphed") for mode in ("eager", "graphed")}
+    if fused is not None:  # the same generator with the compiled buckets in place of its own
+        gens["compiled"] = PlainGenerator(target, 4096, bucketed_prefill=True)
+        gens["compiled"].prefills = fused
 
     def median_ms(fn, *args) -> float:
         times = []
@@ -90,7 +94,7 @@ def main() -> int:
     with torch.inference_mode():
         rows = [measure(n) for n in a.lengths]
     cols = ["length", "eager_ms", "graphed_ms", *(["compiled_ms", "compiled_first_use_s"] * a.compiled),
-            "eager_fixed_ms", "graphed_fixed_ms", "eager_token_ms", "graphed_token_ms"]
+            *(f"{mode}_fixed_ms" for mode in gens), *(f"{mode}_token_ms" for mode in gens)]
     print(f"\n{a.shape}, {a.device}, batch 1, medians of {a.repeats} (ms)")
     print(" | ".join(cols))
     for r in rows:
