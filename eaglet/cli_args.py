@@ -55,6 +55,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="fuse the speculative engine's iteration with torch.compile before graph capture "
                         "(default: on with CUDA graphs; compiles once per batch size and tree; docs/speculative.md)")
+    p.add_argument("--compile-prefill", action="store_true",
+                   help="experimental: fuse the prefill's captured buckets with torch.compile too (CUDA; fewer "
+                        "kernels a joining prompt, a compile per shape class at first use; docs/performance.md)")
     p.add_argument("--policy", choices=("auto", "off"), default="auto",
                    help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
                         "when speculation is slower; 'off': keep the tree whatever it costs")

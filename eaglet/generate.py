@@ -233,9 +233,11 @@ class DecodeChunks:
 
 class PlainGenerator:
     def __init__(self, target: Target, max_context: int | None = None, use_graphs: bool | None = None,
-                 compile: bool | None = None, chunk: int | None = None, bucketed_prefill: bool | None = None):
+                 compile: bool | None = None, chunk: int | None = None, bucketed_prefill: bool | None = None,
+                 compile_prefill: bool = False):
         """``bucketed_prefill``: prefill through ``PrefillGraphs`` (default: under CUDA graphs, where they are
-        captured; set on the CPU it runs the same padded forwards eagerly, a test mode)."""
+        captured; set on the CPU it runs the same padded forwards eagerly, a test mode); ``compile_prefill``:
+        their forward fused by torch.compile first (``--compile-prefill``, an experiment)."""
         self.target = target
         self.capacity = context_size(target, max_context)
         self.device = target.model.embed.weight.device
@@ -253,7 +255,8 @@ class PlainGenerator:
         self._graphs: dict[int, object] = {}
         self._caches: dict[int, object] = {}
         self._chunks: dict[int, DecodeChunks] = {}
-        self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill)
+        self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill,
+                                        compile=compile_prefill)
 
     def _cache(self, batch: int):
         if batch not in self._caches:

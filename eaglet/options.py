@@ -123,6 +123,7 @@ class EngineOptions:
     tree: TreeConfig | None = None  # None: automatic, per batch size
     compile: bool | None = None  # torch.compile the iteration; None: with CUDA graphs
     policy: bool = True  # may step down to smaller trees or plain decoding when speculation is slower
+    compile_prefill: bool = False  # fuse the prefill buckets' forwards before capture (an experiment)
 
     @property
     def tree_flags(self) -> tuple[int | None, int | None, int | None]:

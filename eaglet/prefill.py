@@ -63,6 +63,7 @@ class PrefillGraphs:
                  compile: bool = False):
         if compile:
             forward = torch.compile(forward)
+        self.compiled = compile
         self.new_cache, self.forward, self.device, self.extra, self.graphs = new_cache, forward, device, extra, graphs
         self.lengths = [x for x in LENGTHS if x <= min(max_length, max_tokens)]
         self.max_length, self.max_tokens = max_length, max_tokens

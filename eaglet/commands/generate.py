@@ -39,7 +39,7 @@ def generate_rank(tp: TPGroup, opts: GenerateOptions) -> dict:
     if draft_path is None:
         if opts.draft == "default" and main:
             print(f"eaglet: no default draft ships for {t.target}; plain decoding", file=sys.stderr)
-        gen = PlainGenerator(target, t.max_context)
+        gen = PlainGenerator(target, t.max_context, compile_prefill=opts.engine.compile_prefill)
     streaming, held = False, []  # the engine's notes wait for the end of a streamed line
 
     def log(msg: str) -> None:

@@ -49,7 +49,8 @@ def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
     draft_path = resolve_draft(cfg.draft, target)
     if draft_path is None:
         say("no draft; plain decoding")
-        return PlainGenerator(target, t.max_context, compile=cfg.engine.compile)
+        return PlainGenerator(target, t.max_context, compile=cfg.engine.compile,
+                              compile_prefill=cfg.engine.compile_prefill)
     say(f"draft {draft_path}")
     return spec_engine(target, draft_path, t.max_context, cfg.engine)
 

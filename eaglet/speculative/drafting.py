@@ -76,4 +76,4 @@ def draft_prefills(draft, embed, target: PrefillGraphs, aux_width: int) -> Prefi
 
     return PrefillGraphs(draft.new_cache, forward, p.device, target.max_length, target.max_tokens,
                          lambda rows, length: (torch.zeros(rows, length, aux_width, dtype=p.dtype, device=p.device),),
-                         target.graphs)
+                         target.graphs, target.compiled)

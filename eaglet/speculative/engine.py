@@ -172,7 +172,8 @@ class SpecEngine:
     def __init__(self, target: Target, draft, max_context: int | None = None, num_steps: int | None = None,
                  topk: int | None = None, num_draft_tokens: int | None = None, use_graphs: bool | None = None,
                  adaptive: bool = True, log: Callable[[str], None] = _stderr, static_shapes: bool | None = None,
-                 compile: bool | None = None, chunk: int | None = None, bucketed_prefill: bool | None = None):
+                 compile: bool | None = None, chunk: int | None = None, bucketed_prefill: bool | None = None,
+                 compile_prefill: bool = False):
         given = {"--num-steps": num_steps, "--tree-topk": topk, "--num-draft-tokens": num_draft_tokens}
         if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
             missing = ", ".join(k for k, v in given.items() if v is None)
@@ -212,7 +213,8 @@ class SpecEngine:
         self._chunks: dict[int, DecodeChunks] = {}
         self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
         # Prefill per bucket (captured under CUDA graphs): the target's with capture, then the draft's anchors.
-        self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill, self.capture)
+        self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill, self.capture,
+                                        compile_prefill)
         self.draft_prefills = draft_prefills(draft, target.model.embed, self.prefills,
                                              len(self.capture) * c.target_hidden) if self.prefills else None
 

@@ -60,4 +60,5 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
 
     kw = {} if log is None else {"log": log}  # None: the engine's own notes on stderr
     return SpecEngine(target, load_engine_draft(path, target), max_context, *options.tree_flags,
-                      compile=options.compile, adaptive=options.policy, **kw)
+                      compile=options.compile, adaptive=options.policy, compile_prefill=options.compile_prefill,
+                      **kw)

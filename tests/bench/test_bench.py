@@ -144,8 +144,8 @@ def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tm
     asked = []
 
     class Recording(SpecEngine):  # records the flags, runs eagerly (compiling on CPU would take minutes)
-        def __init__(self, *a, compile=None, adaptive=True, **kw):
-            asked.append((compile, adaptive))
+        def __init__(self, *a, compile=None, adaptive=True, compile_prefill=False, **kw):
+            asked.append((compile, adaptive) + (("prefill",) if compile_prefill else ()))
             super().__init__(*a, compile=False, adaptive=adaptive, **kw)
 
     monkeypatch.setattr(eaglet.speculative, "SpecEngine", Recording)
@@ -155,7 +155,9 @@ def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tm
     assert main(["generate", *common, "--prompt", "the fox"]) == 0
     assert main(["bench", *common, "--methods", "spec", "--limit", "1", "--out", str(tmp_path), "--compile",
                  "--policy", "off"]) == 0
-    assert asked == [(True, True), (False, False), (None, True), (True, False)]  # None: automatic (on with graphs)
+    assert main(["generate", *common, "--prompt", "the fox", "--compile-prefill"]) == 0
+    assert asked == [(True, True), (False, False), (None, True), (True, False),  # None: automatic (on with graphs)
+                     (None, True, "prefill")]
     assert json.loads((tmp_path / "report.json").read_text())["config"]["policy"] is False
     assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_engine"] is True
 

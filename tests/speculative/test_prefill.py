@@ -89,6 +89,17 @@ def test_compiled_prefill_buckets_give_the_eager_logits(target):
         assert int(view.lens[0]) == len(prompt)
 
 
+def test_compile_prefill_fuses_both_models_buckets_and_decodes_the_same(target):
+    prompts = prompts_of([12, 40], seed=8)
+    params = SamplingParams(max_new_tokens=6)
+    eager = PlainGenerator(target, CONTEXT).generate(prompts, params)
+    spec = SpecEngine(target, random_draft(target, seed=2), CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None,
+                      bucketed_prefill=True, compile_prefill=True)
+    assert spec.prefills.compiled and spec.draft_prefills.compiled
+    assert [c.tokens for c in spec.generate(prompts, params)] == [c.tokens for c in eager]
+    assert PlainGenerator(target, CONTEXT, bucketed_prefill=True, compile_prefill=True).prefills.compiled
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graphed_prefill_decodes_as_the_eager_one(tmp_path):
     from tests.speculative.conftest import echo_draft, repeat_prone, tiny_target
