@@ -54,7 +54,7 @@ class PrefillGraphs:
     captured points), for capturing ahead of use; ``graphs``: capture (CUDA), else run the same
     padded forwards eagerly (tests of the bucketing on the CPU). ``compile``: fuse ``forward`` with
     torch.compile before capturing (shapes marked dynamic after the first, so buckets share compiles):
-    an experiment (``scripts/prefill_cost.py``), off in the engines.
+    the engines' ``--compile-prefill``, an experiment, off by default.
     """
 
     def __init__(self, new_cache: Callable[[int, int], KVCache], forward: Forward, device: torch.device,

@@ -88,25 +88,25 @@ def main() -> None:
     if a.admit_wait is not None:
         eaglet.data.refill.ADMIT_WAIT = a.admit_wait
     eaglet.data.refill.GRAPHED_PREFILL = a.graphed_prefill
-    prefills = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0, "graphed_prefills": 0,
+    counts = {"prefills": 0, "prefill_prompts": 0, "prefill_tokens": 0, "prefill_padded": 0, "graphed_prefills": 0,
                 "admit_s": 0.0, "step_s": 0.0, "steps": 0, "row_steps": 0, "rows": 0}
     prefill, graphed = eaglet.session.prefill, eaglet.prefill.PrefillGraphs.run
 
     def replayed(self, prompts, *extra):  # a graphed admission (counted apart; its tokens are counted too)
-        prefills["graphed_prefills"] += 1
-        prefills["prefill_prompts"] += len(prompts)
-        prefills["prefill_tokens"] += sum(map(len, prompts))
+        counts["graphed_prefills"] += 1
+        counts["prefill_prompts"] += len(prompts)
+        counts["prefill_tokens"] += sum(map(len, prompts))
         rows, length = self.bucket(len(prompts), max(map(len, prompts)))
-        prefills["prefill_padded"] += rows * length
+        counts["prefill_padded"] += rows * length
         return graphed(self, prompts, *extra)
 
     eaglet.prefill.PrefillGraphs.run = replayed
 
     def counted(target, cache, prompts):  # every eager regeneration prefill is a Session's (older code's too)
-        prefills["prefills"] += 1
-        prefills["prefill_prompts"] += len(prompts)
-        prefills["prefill_tokens"] += sum(map(len, prompts))
-        prefills["prefill_padded"] += len(prompts) * max(map(len, prompts))  # what the right-padded forward runs
+        counts["prefills"] += 1
+        counts["prefill_prompts"] += len(prompts)
+        counts["prefill_tokens"] += sum(map(len, prompts))
+        counts["prefill_padded"] += len(prompts) * max(map(len, prompts))  # what the right-padded forward runs
         return prefill(target, cache, prompts)
 
     eaglet.session.prefill = counted
@@ -117,11 +117,11 @@ def main() -> None:
             try:
                 return fn(self, *args, **kw)
             finally:
-                prefills[f"{name}_s"] += time.perf_counter() - t
+                counts[f"{name}_s"] += time.perf_counter() - t
                 if name == "step":
-                    prefills["steps"] += 1
-                    prefills["row_steps"] += len(self.running())  # rows still running after it
-                    prefills["rows"] = self.batch
+                    counts["steps"] += 1
+                    counts["row_steps"] += len(self.running())  # rows still running after it
+                    counts["rows"] = self.batch
         return wrapper
 
     eaglet.session.Session.admit = timed("admit", eaglet.session.Session.admit)
@@ -135,8 +135,8 @@ def main() -> None:
     convs = random.Random(0).sample(convs, a.prompts)
     params = SamplingParams(max_new_tokens=a.max_new_tokens, seed=0)
     for run in range(1, a.repeat + 1):
-        for k in prefills:
-            prefills[k] = 0
+        for k in counts:
+            counts[k] = 0
         with tempfile.TemporaryDirectory() as tmp:
             cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             profiling = a.profile and run == a.repeat
@@ -148,15 +148,15 @@ def main() -> None:
             Path(a.profile).write_text(costliest)
         cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
         for k in ("admit_s", "step_s"):
-            prefills[k] = round(prefills[k], 2)
-        busy = prefills["row_steps"] / max(1, prefills["steps"] * prefills["rows"])  # mean share of rows running
+            counts[k] = round(counts[k], 2)
+        busy = counts["row_steps"] / max(1, counts["steps"] * counts["rows"])  # mean share of rows running
         print(json.dumps({"run": run, "target": a.target, "device": a.device, "batch": a.batch,
                           "busy_rows": round(busy, 3),
                           "max_new_tokens": a.max_new_tokens, "answers": stats.written, "too_long": stats.too_long,
                           "tokens": stats.tokens, "seconds": round(seconds, 2),
                           "tok_s": round(stats.tokens / seconds, 1),
                           "cpu_seconds": round(cpu, 1), "tok_per_cpu_s": round(stats.tokens / max(cpu, 1e-9), 2),
-                          **prefills, "threads": torch.get_num_threads()}), flush=True)
+                          **counts, "threads": torch.get_num_threads()}), flush=True)
 
 
 def _kind(device: str) -> str:

@@ -9,9 +9,9 @@ the copy into the batch's row), and ``PlainGenerator.generate`` of 1 and of 65 n
 prefill: generate(1) is the fixed cost (the prefill gives the first token; no step runs), and
 (generate(65) - generate(1)) / 64 the cost a token (8 chunks of 8 steps under CUDA graphs).
 Medians of ``--repeats`` runs after two warm-ups (which capture and compile). ``--compiled`` adds the
-graphed prefill with its forward fused by torch.compile first (``PrefillGraphs(compile=True)``, not used by
-the engines yet): its replay, the seconds its first use at each length took (compile and capture), and
-``PlainGenerator``'s fixed cost and cost a token with it.
+graphed prefill with its forward fused by torch.compile first (the engines' ``--compile-prefill``): its
+replay, the seconds its first use at each length took (compile and capture), and ``PlainGenerator``'s
+fixed cost and cost a token with it.
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ def main() -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cache = target.model.new_cache(1, 4096)
     graphs = target_prefills(target, 4096, cuda, True)
-    fused = target_prefills(target, 4096, cuda, True, compile=True) if a.compiled else None
     landing = Landing(cache, target.model.new_cache)
     gens = {mode: PlainGenerator(target, 4096, bucketed_prefill=mode == "graphed") for mode in ("eager", "graphed")}
-    if fused is not None:  # the same generator with the compiled buckets in place of its own
-        gens["compiled"] = PlainGenerator(target, 4096, bucketed_prefill=True)
-        gens["compiled"].prefills = fused
+    if a.compiled:
+        gens["compiled"] = PlainGenerator(target, 4096, bucketed_prefill=True, compile_prefill=True)
+    fused = gens["compiled"].prefills if a.compiled else None
 
     def median_ms(fn, *args) -> float:
         times = []

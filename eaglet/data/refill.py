@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eaglet.data.prompts import Conversation
+from eaglet.data.prompts import Conversation, note
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.loading.target import Target
@@ -77,16 +77,18 @@ def capacity(target: Target, longest: int, max_new_tokens: int) -> int:
 
 
 def auto_rows(target: Target, max_prompt_tokens: int, max_new_tokens: int) -> int:
-    """Rows of a run that names none: on a GPU the largest power of two, at most MAX_ROWS, whose KV cache at
-    the run's capacity and float32 logits fit MEMORY_SHARE of the free memory; elsewhere CPU_ROWS."""
+    """Rows of a run that names none (said): on a GPU the largest power of two, at most MAX_ROWS, whose KV
+    cache at the run's capacity and float32 logits fit MEMORY_SHARE of the free memory; elsewhere CPU_ROWS."""
     model = target.model
     device = model.embed.weight.device
     if device.type != "cuda":
-        return CPU_ROWS
-    probe = model.new_cache(1, capacity(target, max_prompt_tokens, max_new_tokens))
-    per_row = probe.nbytes() + 2 * 4 * target.config.vocab_size  # a row's slots, its logits and their softmax
-    del probe
-    return fitting_rows(torch.cuda.mem_get_info(device)[0], per_row)
+        rows, why = CPU_ROWS, "the CPU's default"
+    else:
+        slots = capacity(target, max_prompt_tokens, max_new_tokens)
+        per_row = model.new_cache(1, 1).nbytes() * slots + 2 * 4 * target.config.vocab_size  # + logits, softmax
+        rows, why = fitting_rows(torch.cuda.mem_get_info(device)[0], per_row), "from the free GPU memory"
+    note(f"decoding up to {rows} rows at a time ({why}; --batch-size sets it)")
+    return rows
 
 
 def fitting_rows(free: int, per_row: int) -> int:

@@ -176,15 +176,10 @@ def finished_ids(paths: list[Path]) -> tuple[set[str], int]:
 
 
 def run_rows(target: Target | Endpoint, batch_size: int | None, max_prompt_tokens: int, max_new_tokens: int) -> int:
-    """``batch_size``, or where None: ENDPOINT_ROWS for an endpoint, else ``refill.auto_rows`` (said once)."""
+    """``batch_size``, or where None: ENDPOINT_ROWS for an endpoint, else ``refill.auto_rows``."""
     if batch_size is not None:
         return batch_size
-    if isinstance(target, Endpoint):
-        return ENDPOINT_ROWS
-    rows = auto_rows(target, max_prompt_tokens, max_new_tokens)
-    why = "from the free GPU memory" if target.model.embed.weight.device.type == "cuda" else "the CPU's default"
-    note(f"decoding up to {rows} rows at a time ({why}; --batch-size sets it)")
-    return rows
+    return ENDPOINT_ROWS if isinstance(target, Endpoint) else auto_rows(target, max_prompt_tokens, max_new_tokens)
 
 
 def regenerate(target: Target | Endpoint, prompts: list[Conversation], out: Path, params: SamplingParams,
