@@ -150,7 +150,7 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--max-len", type=integer(8), default=tc.max_len,
                    help="tokens per conversation (default: 2048 or the window)")
     t.add_argument("--draft-vocab-size", type=integer(1), default=tc.draft_vocab_size,
-                   help="draft vocabulary (default: the largest with a 16 MiB bf16 LM head)")
+                   help="draft vocabulary (default: half the target's, in multiples of 4096, at most 32768)")
     t.add_argument("--capture", type=point_list, default=tc.capture_points,
                    help="residual-stream points in eaglet's convention (default: EAGLE-3's [2, N//2, N-3])")
     t.add_argument("--save-every", type=integer(1), default=tc.save_every, help="checkpoint every N steps")

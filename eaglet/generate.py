@@ -308,9 +308,11 @@ class PlainGenerator:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 on_token: Callable[[int, int], None] | None = None) -> list[Completion]:
-        """Decode each prompt; ``on_token(row, token)`` streams tokens as they are final."""
+                 on_token: Callable[[int, int], None] | None = None, batch: int | None = None) -> list[Completion]:
+        """Decode each prompt; ``on_token(row, token)`` streams tokens as they are final. ``batch``: the rows
+        of the session (and its cache) to run them in, at least ``len(prompts)``; a caller of several batch
+        sizes keeps one cache with it (default: ``len(prompts)``, under CUDA graphs its bucket)."""
         from eaglet.session import bucket_size, decode_all
 
-        return decode_all(self.session(bucket_size(len(prompts), self.use_graphs), params), prompts, params,
-                          on_token)
+        return decode_all(self.session(batch or bucket_size(len(prompts), self.use_graphs), params), prompts,
+                          params, on_token)

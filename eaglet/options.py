@@ -145,7 +145,7 @@ class TrainConfig:
     max_steps: int | None = None
     batch_tokens: int = 16384  # padded tokens per batch and rank (rows x longest row)
     max_len: int | None = None  # conversations are cut to this; None: 2048 or the target's window
-    draft_vocab_size: int | None = None  # None: the largest that fits a 16 MiB bf16 LM head
+    draft_vocab_size: int | None = None  # None: half the target's, at most 32768 (draft.vocab)
     capture_points: tuple[int, ...] | None = None  # None: EAGLE-3's [2, N//2, N-3]
     save_every: int = 250
     val_every: int = 250

@@ -79,16 +79,24 @@ def capacity(target: Target, longest: int, max_new_tokens: int) -> int:
 def auto_rows(target: Target, max_prompt_tokens: int, max_new_tokens: int) -> int:
     """Rows of a run that names none (said): on a GPU the largest power of two, at most MAX_ROWS, whose KV
     cache at the run's capacity and float32 logits fit MEMORY_SHARE of the free memory; elsewhere CPU_ROWS."""
-    model = target.model
-    device = model.embed.weight.device
-    if device.type != "cuda":
-        rows, why = CPU_ROWS, "the CPU's default"
-    else:
-        slots = capacity(target, max_prompt_tokens, max_new_tokens)
-        per_row = model.new_cache(1, 1).nbytes() * slots + 2 * 4 * target.config.vocab_size  # + logits, softmax
-        rows, why = fitting_rows(torch.cuda.mem_get_info(device)[0], per_row), "from the free GPU memory"
+    on_gpu = target.model.embed.weight.device.type == "cuda"
+    rows = rows_fitting(target, capacity(target, max_prompt_tokens, max_new_tokens), MAX_ROWS) if on_gpu else CPU_ROWS
+    why = "from the free GPU memory" if on_gpu else "the CPU's default"
     note(f"decoding up to {rows} rows at a time ({why}; --batch-size sets it)")
     return rows
+
+
+def rows_fitting(target: Target, slots: int, most: int) -> int:
+    """At most ``most`` rows: on a GPU the largest power of two whose KV cache of ``slots`` slots and float32
+    logits fit MEMORY_SHARE of the memory free now (the caching allocator's unused blocks count as free:
+    an earlier stage's freed cache is reused, and a live one, such as ``Refill``'s, is not)."""
+    device = target.model.embed.weight.device
+    if device.type != "cuda":
+        return most
+    per_row = target.model.new_cache(1, 1).nbytes() * slots + 2 * 4 * target.config.vocab_size  # + logits, softmax
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
+        torch.cuda.memory_allocated(device)
+    return min(most, fitting_rows(free, per_row))
 
 
 def fitting_rows(free: int, per_row: int) -> int:

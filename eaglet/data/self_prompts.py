@@ -22,7 +22,8 @@ Kept turns are appended to a prompt JSONL (one write per batch, settings in its
 ``.meta.json`` as for answers), and a dropped one as ``{"id", "dropped": why}``, so a
 rerun skips every id tried before. Sampling is seeded per batch from the batch's first
 id (identical contexts in two batches still draw different turns), and batches are formed
-from all jobs whether done or not: a resumed run writes what an uninterrupted one would.
+from all jobs whether done or not: a resumed run with the same rows writes what an uninterrupted
+one would (a batch has ``batch_size`` rows, fewer where the GPU's free memory holds fewer).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eaglet.data.prompts import Conversation, note, parse_record
-from eaglet.data.refill import capacity
+from eaglet.data.refill import capacity, rows_fitting
 from eaglet.data.regenerate import claim_output, whole_records
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
@@ -98,7 +99,8 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     """For each job (its id, split and source, and the messages so far) whose id is not yet in ``out``:
     the target writes the next user turn; kept turns are appended as prompt records. Returns how many
     were kept this run. ``kind`` names the run in ``out``'s recorded settings."""
-    # The batch size changes no turn; openers at 0 are left out, so files written before they existed resume.
+    # The batch size is left out (it groups the turns sampled together); openers at 0 too, so files written
+    # before they existed resume.
     claim_output(out, {"target": str(target.name), "kind": kind, **{k: v for k, v in vars(cfg).items()
                                                                     if k != "batch_size" and (k, v) != ("openers", 0)}},
                  fix="pass another --out")
@@ -106,14 +108,22 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     done = {str(r.get("id")) for r in tried}
     seen = {_key(c.messages[-1]["content"]) for c in _kept(tried)}
     tok = target.tokenizer
-    generators: dict[int, PlainGenerator] = {}
+    pending = [c for c in jobs if c.id not in done]
+    if not pending:
+        return 0
+    heads = {c.id: opener(c.id, cfg.openers, cfg.seed) for c in pending}
+    ids = dict(zip(heads, tok([user_prefix(tok, list(c.messages)) + heads[c.id] for c in pending],
+                              add_special_tokens=False)["input_ids"]))
+    # One generator and one cache for the stage, its rows what the memory holds beside a live Refill's cache
+    # (a generator per batch's longest context, each keeping its cache, ran an H200 out of memory).
+    gen = generator_for(target, max(map(len, ids.values())), cfg.max_new_tokens)
+    rows = rows_fitting(target, gen.capacity, cfg.batch_size)
     kept = 0
-    bar = tqdm(total=sum(c.id not in done for c in jobs), desc=kind, unit="turn", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=len(pending), desc=kind, unit="turn", disable=not progress, dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
-        for lo in range(0, len(jobs), cfg.batch_size):
+        for lo in range(0, len(jobs), rows):
             first = jobs[lo].id
-            batch = [c for c in jobs[lo: lo + cfg.batch_size] if c.id not in done]
+            batch = [c for c in jobs[lo: lo + rows] if c.id not in done]
             if not batch:
                 continue
             if stop:
@@ -122,14 +132,13 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
                                   "to resume")
             if stop_when is not None and stop_when():
                 break
-            heads = [opener(c.id, cfg.openers, cfg.seed) for c in batch]
-            texts = [user_prefix(tok, list(c.messages)) + head for c, head in zip(batch, heads)]
-            ids = tok(texts, add_special_tokens=False)["input_ids"]
-            gen = generator_for(target, generators, max(map(len, ids)), cfg.max_new_tokens)
-            outs = gen.generate(ids, replace(cfg.params(), seed=zlib.crc32(f"{cfg.seed}:{first}".encode()))) \
-                if gen is not None else [None] * len(batch)  # conversations too long to continue
+            fits = [c for c in batch if len(ids[c.id]) < gen.capacity]  # others are too long to continue
+            written = gen.generate([ids[c.id] for c in fits], replace(cfg.params(), seed=zlib.crc32(
+                f"{cfg.seed}:{first}".encode())), batch=rows) if fits else []
+            outs = dict(zip((c.id for c in fits), written))
             lines = []
-            for c, o, head in zip(batch, outs, heads):
+            for c in batch:
+                o, head = outs.get(c.id), heads[c.id]
                 text = (head + tok.decode(o.tokens, skip_special_tokens=True)).strip() if o is not None else ""
                 why = ("too long to continue" if o is None else "cut at max_new_tokens" if o.finish_reason != "stop"
                        else "length" if not cfg.min_chars <= len(text) <= cfg.max_chars
@@ -156,18 +165,11 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     return kept
 
 
-def generator_for(target: Target, generators: dict[int, PlainGenerator], longest: int,
-                  max_new_tokens: int) -> PlainGenerator | None:
-    """A generator whose KV capacity holds ``longest`` prompt tokens plus the turn (``refill.capacity``,
-    so few exist), from ``generators`` or new; None when the window leaves no room."""
-    cap = capacity(target, longest, max_new_tokens)
-    if cap <= longest:
-        return None
-    if cap not in generators:
-        # No torch.compile: every (capacity, batch) shape would compile (minutes with
-        # autotuning), and at hundreds of rows a step is no longer launch-bound anyway.
-        generators[cap] = PlainGenerator(target, cap, compile=False)
-    return generators[cap]
+def generator_for(target: Target, longest: int, max_new_tokens: int) -> PlainGenerator:
+    """An eager generator whose KV capacity holds ``longest`` prompt tokens plus the turn (``refill.capacity``,
+    capped at the window: a longer context is too long to continue). No torch.compile or CUDA graphs: each
+    (capacity, batch) shape would compile and capture, and at hundreds of rows a step is not launch-bound."""
+    return PlainGenerator(target, capacity(target, longest, max_new_tokens), use_graphs=False, compile=False)
 
 
 def self_prompt_jobs(n: int, system: str | None = None, openers: float = 0.0, seed: int = 0) -> list[Conversation]:

@@ -7,7 +7,10 @@ convention) and an ``eaglet`` block with the CaptureSpec in our point convention
 the target's identity and ``aux_norm`` when the draft normalises its captured points
 before ``fc`` (``aux_norm.weight``; other engines know no such tensor, so such a draft
 runs in eaglet only). Weights are safetensors shards of at most 16 MiB (so a draft
-travels through size-limited channels), with ``d2t``/``t2d`` beside them.
+travels through size-limited channels), with ``d2t``/``t2d`` beside them. A tensor larger than a
+shard (SmolLM2's 24,576-token LM head, 27 MiB) is split into row blocks ``<name>@rows<i>`` when the
+export allows it (``split_rows``: eaglet joins them on load; other engines know no such names, so
+drafts meant for them are written with whole tensors in larger shards).
 
 Import never guesses capture points: a draft with no ids is an error, and when both
 blocks are present they must agree.
@@ -30,6 +33,7 @@ from eaglet.outputs import atomic_dir, is_empty_dir
 
 MAX_SHARD_BYTES = 16 * 1024 * 1024
 ARCH = "LlamaForCausalLMEagle3"
+ROWS = "@rows"  # <name>@rows<i>: row block i of a tensor larger than a shard
 
 
 def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
@@ -61,13 +65,14 @@ def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
 
 def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
                dtype: torch.dtype = torch.bfloat16, extra: dict | None = None,
-               max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False) -> None:
+               max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False, split_rows: bool = False) -> None:
     """Write the draft atomically: a temp directory renamed over ``path``.
 
     An existing ``path`` is replaced only when it is a draft already (a re-export) or
     ``overwrite`` says so: a folder eaglet did not write is never removed unasked.
     Shards hold at most ``max_shard_bytes`` (16 MiB by default, so a small target's draft
-    travels through size-limited channels); a large target's draft needs a larger limit.
+    travels through size-limited channels); a larger tensor is split into row blocks with ``split_rows``
+    (an eaglet-only layout), else a large target's draft needs a larger limit.
     """
     path = Path(path)
     if not (overwrite or not path.exists() or is_empty_dir(path) or is_draft_dir(path)):
@@ -77,11 +82,9 @@ def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name, t in tensors.items():
+    blocks = [b for name, t in tensors.items() for b in _blocks(name, t, max_shard_bytes, split_rows)]
+    for name, t in blocks:
         n = t.numel() * t.element_size()
-        if n > max_shard_bytes:
-            raise EagletError(f"draft tensor {name} is {n >> 20} MiB, over the {max_shard_bytes >> 20} MiB shard "
-                              "limit; use a smaller draft vocabulary or bfloat16")
         if size + n > max_shard_bytes:
             shards.append({})
             size = 0
@@ -98,6 +101,18 @@ def save_draft(draft: Eagle3Draft, path: str | Path, target: dict | None = None,
             weight_map.update({k: fname for k in shard})
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def _blocks(name: str, t: torch.Tensor, limit: int, split_rows: bool) -> list[tuple[str, torch.Tensor]]:
+    """``t`` whole, or with ``split_rows`` in row blocks of at most ``limit`` bytes when it is larger."""
+    n = t.numel() * t.element_size()
+    if n <= limit:
+        return [(name, t)]
+    row = n // max(t.shape[0], 1) if t.dim() else n
+    if not split_rows or row > limit:
+        raise EagletError(f"draft tensor {name} is {n >> 20} MiB, over the {limit >> 20} MiB shard limit; "
+                          "use a smaller draft vocabulary or bfloat16")
+    return [(f"{name}{ROWS}{i}", b.contiguous()) for i, b in enumerate(t.split(limit // row))]
 
 
 def is_draft_dir(path: Path) -> bool:
@@ -204,9 +219,18 @@ def _weight_files(path: Path) -> list[str]:
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
+    """Every tensor of the draft, row blocks joined in order."""
+    out, blocks = {}, {}
     for f in _weight_files(path):
         with safe_open(str(path / f), framework="pt") as h:
             for k in h.keys():
-                out[k] = h.get_tensor(k)
+                name, rows, i = k.rpartition(ROWS)
+                if rows and i.isdigit():
+                    blocks.setdefault(name, {})[int(i)] = h.get_tensor(k)
+                else:
+                    out[k] = h.get_tensor(k)
+    for name, parts in blocks.items():
+        if sorted(parts) != list(range(len(parts))):
+            raise EagletError(f"{path} holds row blocks {sorted(parts)} of {name}; some are missing")
+        out[name] = torch.cat([parts[i] for i in range(len(parts))])
     return out

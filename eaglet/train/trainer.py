@@ -59,7 +59,7 @@ class Trainer:
         for src in (train, val):
             if isinstance(src, FeatureSet):
                 src.check(target, self.capture)
-        size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size, tc.hidden_size)
+        size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size)
         dev = dist.device
         with torch.random.fork_rng(devices=[]), torch.device(dev):
             torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
@@ -196,11 +196,16 @@ class Trainer:
         if d.device.type == "cuda":
             result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated(d.device) / 2**30, 1)
         if d.main:
+            # A draft with aux_norm runs in eaglet only anyway: a tensor over 16 MiB goes in row blocks, so every
+            # shard still passes size-limited channels. Without it the draft is for other engines too: whole
+            # tensors, in larger shards where one needs it.
             largest = max(2 * p.numel() for p in self.draft.parameters())  # bf16 bytes
-            if largest > MAX_SHARD_BYTES:
-                note(f"a draft tensor takes {largest >> 20} MiB in bf16; exporting in shards of up to 4 GiB")
+            whole = not self.draft.config.aux_norm and largest > MAX_SHARD_BYTES
+            if whole:
+                note(f"a draft tensor takes {largest >> 20} MiB in bf16; exporting whole tensors in shards of up "
+                     "to 4 GiB (other engines read no row blocks)")
             save_draft(self.draft, self.out / "draft", target=target_identity(self.target), extra={"training": result},
-                       max_shard_bytes=max(MAX_SHARD_BYTES, 4 << 30 if largest > MAX_SHARD_BYTES else 0))
+                       max_shard_bytes=4 << 30 if whole else MAX_SHARD_BYTES, split_rows=self.draft.config.aux_norm)
             log.close()
         return result
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from eaglet.chat import encode_chat
 from eaglet.cli import main
@@ -203,6 +205,23 @@ def test_admissions_prefill_eagerly_unless_graphs_are_asked_for(tiny_target, mon
     assert refill.Refill(tiny_target, 4, 64, PARAMS).gen.prefills is None
     monkeypatch.setattr(refill, "GRAPHED_PREFILL", True)
     assert refill.Refill(tiny_target, 4, 64, PARAMS).gen.prefills is not None
+
+
+def test_rows_count_the_allocators_unused_blocks_as_free(monkeypatch):
+    """A stage's freed cache stays with the caching allocator, free for the next stage; a live cache (the
+    Refill's) is not: the follow-up stage sizes its rows from what is left beside it."""
+    cache = SimpleNamespace(nbytes=lambda: 1000)  # bytes a slot of one row
+    model = SimpleNamespace(embed=SimpleNamespace(weight=SimpleNamespace(device=torch.device("cuda"))),
+                            new_cache=lambda batch, slots: cache)
+    target = SimpleNamespace(model=model, config=SimpleNamespace(vocab_size=0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10_000_000, 200_000_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 50_000_000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 20_000_000)
+    # free: 10 MB + 30 MB reserved but unused; 60% of it holds 240 rows of 100 slots: 128, a power of two
+    assert refill.rows_fitting(target, 100, 2048) == 128
+    assert refill.rows_fitting(target, 100, 64) == 64
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 50_000_000)  # all reserved is live
+    assert refill.rows_fitting(target, 100, 2048) == 32
 
 
 def test_without_a_batch_size_a_run_takes_the_rows_its_memory_holds(tiny_target, tmp_path, monkeypatch, capsys):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from eaglet.chat import encode_chat
-from eaglet.data.prompts import parse_record, read_jsonl, split_train_val
+from eaglet.data.prompts import Conversation, parse_record, read_jsonl, split_train_val
 from eaglet.data.regenerate import regenerate
 from eaglet.data.self_prompts import (
     OPENERS,
@@ -77,11 +77,12 @@ class _Writer:
     """A stand-in generator that 'writes' the texts it is given, one per row, in order."""
 
     texts: list[tuple[str, str]] = []  # (text, finish_reason)
+    capacity = 10**6
 
     def __init__(self, target, *args, **kwargs):
         self.tok = target.tokenizer
 
-    def generate(self, rows, params):
+    def generate(self, rows, params, batch=None):
         out = []
         for _ in rows:
             text, reason = _Writer.texts.pop(0) if _Writer.texts else ("a question of my own " * 2, "stop")
@@ -108,6 +109,25 @@ def test_self_prompts_keep_finished_distinct_turns_and_resume(tiny_target, tmp_p
     assert [c.id for c in load_written(out)] == ["self-0", "self-4", "self-5"]
 
 
+def test_a_stage_of_turns_runs_one_generator_at_one_batch_size(tiny_target, tmp_path, monkeypatch):
+    """The follow-up stage built a generator per batch's longest context, each keeping its cache, and the last,
+    smaller batch another cache: beside the Refill's cache that ran an H200 out of memory at 2,048 rows. Now one
+    generator serves the stage and every batch runs in the same rows; a context too long for the window drops
+    its own job, not its batch's."""
+    built, batches = count_generators(monkeypatch, "eaglet.data.self_prompts")
+    long = Conversation("long", ({"role": "user", "content": "many words " * tiny_target.config.context_window},),
+                        "train", "chat")
+    jobs = self_prompt_jobs(4)
+    jobs = jobs[:2] + [long] + jobs[2:]  # batches of 2: [self-0, self-1], [long, self-2], [self-3]
+    out = tmp_path / "turns.jsonl"
+    write_turns(tiny_target, jobs, out, TurnConfig(batch_size=2, max_new_tokens=4), "follow-ups", progress=False,
+                dedupe=False)
+    assert len(built) == 1 and batches == [2, 2, 2]
+    why = {r["id"]: r.get("dropped") for r in _records(out)}
+    assert why["long"] == "too long to continue"
+    assert len(why) == 5 and all(w != "too long to continue" for i, w in why.items() if i != "long")
+
+
 def test_ctrl_c_in_the_last_batch_of_turns_stops_the_run(tiny_target, tmp_path, monkeypatch):
     """The stop flag was read only before a batch: a Ctrl-C during the last one was dropped and the run went
     on into the next stage. The batch is kept and the stop is honoured."""
@@ -117,7 +137,7 @@ def test_ctrl_c_in_the_last_batch_of_turns_stops_the_run(tiny_target, tmp_path, 
     from eaglet.errors import Interrupted
 
     class _Interrupting(_Writer):
-        def generate(self, rows, params):
+        def generate(self, rows, params, batch=None):
             os.kill(os.getpid(), signal.SIGINT)
             return super().generate(rows, params)
 
@@ -225,7 +245,7 @@ def test_openers_start_a_share_of_self_prompts_and_the_target_writes_the_rest(ti
     fed = []
 
     class Reader(_Writer):  # also keeps the text each row was given to continue
-        def generate(self, rows, params):
+        def generate(self, rows, params, batch=None):
             fed.extend(self.tok.decode(r) for r in rows)
             return super().generate(rows, params)
 

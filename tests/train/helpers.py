@@ -122,8 +122,9 @@ def answers_end_after(monkeypatch, n: int) -> None:
     monkeypatch.setattr(StopChecker, "check", check)
 
 
-def count_generators(monkeypatch) -> tuple[list, list[int]]:
-    """Record each generator regeneration builds and each session batch it opens: (generators, batches)."""
+def count_generators(monkeypatch, where: str = "eaglet.data.refill") -> tuple[list, list[int]]:
+    """Record each generator the module ``where`` builds (regeneration's answers by default; the turn writer's
+    with ``eaglet.data.self_prompts``) and each session batch it opens: (generators, batches)."""
     from eaglet.generate import PlainGenerator
 
     built, batches = [], []
@@ -137,7 +138,7 @@ def count_generators(monkeypatch) -> tuple[list, list[int]]:
             batches.append(batch)
             return super().session(batch, *args, **kwargs)
 
-    monkeypatch.setattr("eaglet.data.refill.PlainGenerator", Counted)
+    monkeypatch.setattr(f"{where}.PlainGenerator", Counted)
     return built, batches
 
 

@@ -177,3 +177,19 @@ def test_no_plot_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     plot_accuracy(log, tmp_path / "acc.png")
     assert not (tmp_path / "acc.png").exists()
+
+
+@pytest.mark.parametrize("aux_norm", [True, False])
+def test_the_export_splits_rows_only_of_a_draft_for_eaglet_alone(tiny_target, regenerated, tmp_path, monkeypatch,
+                                                                 aux_norm):
+    """A draft with aux_norm runs in eaglet only: a tensor over the shard limit goes in row blocks, so every shard
+    still fits (SmolLM2's 24,576-token head is 27 MiB). A draft without it is for other engines: whole tensors."""
+    monkeypatch.setattr("eaglet.train.trainer.MAX_SHARD_BYTES", 4096)
+    run_train(tiny_target, _fresh(regenerated, tmp_path), tmp_path, TrainConfig(max_steps=1, aux_norm=aux_norm,
+                                                                                 **FAST))
+    names = json.loads((tmp_path / "draft" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert ("lm_head.weight" in names) is not aux_norm and ("lm_head.weight@rows0" in names) is aux_norm
+    sizes = [f.stat().st_size for f in (tmp_path / "draft").glob("*.safetensors")]
+    assert (max(sizes) <= 4096 + 4096) is aux_norm  # + the safetensors header
+    draft, _ = load_draft_for(tmp_path / "draft", tiny_target)
+    assert draft.lm_head.weight.shape[0] == draft.config.draft_vocab_size
