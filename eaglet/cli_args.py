@@ -58,6 +58,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-prefill", action="store_true",
                    help="experimental: fuse the prefill's captured buckets with torch.compile too (CUDA; fewer "
                         "kernels a joining prompt, a compile per shape class at first use; docs/performance.md)")
+    p.add_argument("--draft-vocab", type=integer(1), default=None, metavar="N",
+                   help="serve the draft with the N most frequent tokens of its vocabulary (drafts eaglet trained "
+                        "since 2026-12-02 list it by frequency; default: 12288 on a CPU, where the draft's LM head "
+                        "is much of its cost, all on a GPU; docs/speculative.md)")
     p.add_argument("--policy", choices=("auto", "off"), default="auto",
                    help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
                         "when speculation is slower; 'off': keep the tree whatever it costs")

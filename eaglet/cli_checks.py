@@ -226,6 +226,20 @@ def _draft(flag: str, value: str) -> None:
         _named(flag, check_draft_dir, Path(value).expanduser())
 
 
+def _draft_vocab(args: Namespace) -> None:
+    """--draft-vocab keeps a prefix of the draft's vocabulary: only a frequency-ordered draft's is its most frequent
+    tokens (the shipped default draft is checked when it loads)."""
+    if args.draft_vocab is None or args.draft in ("default", "none"):
+        return
+    import json
+
+    from eaglet.speculative.load import not_by_frequency
+
+    cfg = json.loads((Path(args.draft).expanduser() / "config.json").read_text())
+    if (cfg.get("eaglet") or {}).get("vocab_order") != "frequency":
+        raise not_by_frequency(args.draft_vocab, args.draft)
+
+
 def _features(flag: str, value: str | None) -> None:
     if value is not None:
         from eaglet.data.features import check_feature_dir
@@ -249,6 +263,7 @@ def _tree(args: Namespace) -> None:
 def _generate(args: Namespace) -> None:
     _target(args)
     _draft("--draft", args.draft)
+    _draft_vocab(args)
     _tree(args)
 
 
@@ -260,6 +275,7 @@ def _bench(args: Namespace) -> None:
     _target(args)
     if "spec" in args.methods.split(","):
         _draft("--draft", args.draft)
+        _draft_vocab(args)
     _tree(args)
 
 

@@ -124,6 +124,9 @@ class EngineOptions:
     compile: bool | None = None  # torch.compile the iteration; None: with CUDA graphs
     policy: bool = True  # may step down to smaller trees or plain decoding when speculation is slower
     compile_prefill: bool = False  # fuse the prefill buckets' forwards before capture (an experiment)
+    # Serve a frequency-ordered draft with its N most frequent tokens; None: the device's default
+    # (speculative.load.SERVE_VOCAB: 12288 on a CPU, where the LM head is much of a draft step; all on a GPU).
+    draft_vocab: int | None = None
 
     @property
     def tree_flags(self) -> tuple[int | None, int | None, int | None]:

@@ -138,6 +138,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "dtype": t.dtype, "tree_flags": list(cfg.engine.tree_flags), "spec_decisions": decisions,
         "compile_engine": cfg.engine.compile, "compile_prefill": cfg.engine.compile_prefill,
         "policy": cfg.engine.policy,
+        "draft_vocab": generators["spec"].draft.config.draft_vocab_size if "spec" in generators else None,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),

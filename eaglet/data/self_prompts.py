@@ -166,10 +166,11 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
 
 
 def generator_for(target: Target, longest: int, max_new_tokens: int) -> PlainGenerator:
-    """An eager generator whose KV capacity holds ``longest`` prompt tokens plus the turn (``refill.capacity``,
-    capped at the window: a longer context is too long to continue). No torch.compile or CUDA graphs: each
-    (capacity, batch) shape would compile and capture, and at hundreds of rows a step is not launch-bound."""
-    return PlainGenerator(target, capacity(target, longest, max_new_tokens), use_graphs=False, compile=False)
+    """A generator whose KV capacity holds ``longest`` prompt tokens plus the turn (``refill.capacity``, capped at
+    the window: a longer context is too long to continue). Its decode steps are captured (on a GPU) but not
+    compiled: a stage's one shape would compile for minutes, and at hundreds of rows a step is not launch-bound;
+    admissions run eagerly, as ``Refill``'s (the prefill graphs' buckets padded regeneration's admissions)."""
+    return PlainGenerator(target, capacity(target, longest, max_new_tokens), compile=False, bucketed_prefill=False)
 
 
 def self_prompt_jobs(n: int, system: str | None = None, openers: float = 0.0, seed: int = 0) -> list[Conversation]:

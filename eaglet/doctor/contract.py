@@ -32,7 +32,7 @@ from safetensors import safe_open
 from eaglet.capture import CaptureSpec
 from eaglet.data.features import FeatureSet
 from eaglet.doctor.report import FAIL, WARN, Check
-from eaglet.draft.checkpoint import ARCH, load_draft
+from eaglet.draft.checkpoint import ARCH, load_draft, row_block
 from eaglet.draft.compat import mismatches, target_identity
 from eaglet.draft.model import Eagle3Draft
 from eaglet.errors import EagletError
@@ -68,7 +68,11 @@ def _tensor_facts(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, tor
     for f in files:
         with safe_open(str(path / f), framework="pt") as h:
             for k in h.keys():
-                shapes[k] = tuple(h.get_slice(k).get_shape())
+                shape = tuple(h.get_slice(k).get_shape())
+                name, block = row_block(k)
+                if block is not None and name in shapes:  # a tensor stored in row blocks: rows add up
+                    shape = (shapes[name][0] + shape[0], *shape[1:])
+                shapes[name] = shape
                 if k in ("d2t", "t2d"):
                     small[k] = h.get_tensor(k)
     return shapes, small

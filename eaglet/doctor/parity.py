@@ -29,7 +29,7 @@ import torch
 from eaglet.capture import CaptureSpec
 from eaglet.data.features import FeatureSet
 from eaglet.doctor.report import FAIL, Check
-from eaglet.doctor.samples import answer_data, draft_token_ids, training_features
+from eaglet.doctor.samples import answer_data, training_features
 from eaglet.doctor.serving import ServingRun
 from eaglet.doctor.tp import tolerance
 from eaglet.loading.target import Target
@@ -156,7 +156,7 @@ def _offline(chk: Check, target: Target, draft, spec: CaptureSpec, fs: FeatureSe
     model, h = target.model, target.config.hidden_size
     dev = model.embed.weight.device
     n = min(num, len(fs))
-    stored = Featurizer(target, fs.capture, draft_token_ids(draft).to(dev), fs, dev)(list(range(n))).aux
+    stored = Featurizer(target, fs.capture, draft.vocab_ids().to(dev), fs, dev)(list(range(n))).aux
     tol = tolerance(getattr(torch, fs.manifest.get("dtype", "bfloat16")))
     serv, off = [], []
     with torch.inference_mode():

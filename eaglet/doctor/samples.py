@@ -85,15 +85,11 @@ def make_samples(target: Target, spec: str, k: int, max_new_tokens: int, capacit
     return Samples([prompts[i] for i in keep], [done[i].tokens for i in keep], [labels[i] for i in keep])
 
 
-def draft_token_ids(draft) -> torch.Tensor:
-    return torch.nonzero(draft.t2d).squeeze(1)  # [Vd] target ids of the draft vocabulary
-
-
 @torch.inference_mode()
 def training_features(target: Target, spec: CaptureSpec, draft, data: TokenData) -> StepInputs:
     """What the trainer would feed the draft for ``data`` (Featurizer, online mode)."""
     device = target.model.embed.weight.device
-    return Featurizer(target, spec, draft_token_ids(draft).to(device), data, device)(list(range(len(data))))
+    return Featurizer(target, spec, draft.vocab_ids().to(device), data, device)(list(range(len(data))))
 
 
 def select_points(aux: torch.Tensor, all_points: tuple[int, ...], points: tuple[int, ...], hidden: int) -> torch.Tensor:

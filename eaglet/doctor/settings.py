@@ -57,14 +57,13 @@ def sampled_acceptance(draft, aux: torch.Tensor, inp: StepInputs, prompt_lens: t
     out = TTTLoss(draft, 1).unroll(aux, inp.emb)[0]
     rows, cols = anchors(inp, prompt_lens, 0).nonzero(as_tuple=True)
     vocab = draft.config.vocab_size
-    draft_ids = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=aux.device))  # [Vd]
-    label_ids = torch.nonzero(draft.t2d).squeeze(1)  # columns of target_logp
+    draft_ids = draft.vocab_ids()  # [Vd] in the draft's order, as target_logp's columns (Featurizer)
     overlap, agree = 0.0, 0
     for i in range(0, rows.numel(), chunk):
         r, c = rows[i: i + chunk], cols[i: i + chunk]
         logits = draft.logits(out[r, c]).float()  # [n, Vd]
         q = torch.zeros(r.numel(), vocab, device=aux.device).index_add_(1, draft_ids, probs(logits, params))
-        p = torch.zeros_like(q).index_add_(1, label_ids, probs(inp.target_logp[r, c + 1], params))
+        p = torch.zeros_like(q).index_add_(1, draft_ids, probs(inp.target_logp[r, c + 1], params))
         overlap += torch.minimum(p, q).sum().item()
         agree += int((draft_ids[logits.argmax(-1)] == inp.target_top[r, c + 1]).sum())
     n = max(rows.numel(), 1)

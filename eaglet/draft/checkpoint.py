@@ -10,7 +10,8 @@ runs in eaglet only). Weights are safetensors shards of at most 16 MiB (so a dra
 travels through size-limited channels), with ``d2t``/``t2d`` beside them. A tensor larger than a
 shard (SmolLM2's 24,576-token LM head, 27 MiB) is split into row blocks ``<name>@rows<i>`` when the
 export allows it (``split_rows``: eaglet joins them on load; other engines know no such names, so
-drafts meant for them are written with whole tensors in larger shards).
+drafts meant for them are written with whole tensors in larger shards). ``eaglet.vocab_order:
+"frequency"`` says the draft vocabulary lies most frequent first (``Eagle3Draft.keep_vocab``).
 
 Import never guesses capture points: a draft with no ids is an error, and when both
 blocks are present they must agree.
@@ -59,7 +60,8 @@ def draft_config_json(c: DraftConfig, target: dict | None = None) -> dict:
             "eagle_aux_hidden_state_layer_ids": c.capture.to_ids("sglang") if 0 not in c.capture.points else None,
         },
         "eaglet": {"capture": c.capture.to_json(), "target": target or {},
-                   **({"aux_norm": True} if c.aux_norm else {})},
+                   **({"aux_norm": True} if c.aux_norm else {}),
+                   **({"vocab_order": "frequency"} if c.vocab_by_frequency else {})},
     }
 
 
@@ -115,6 +117,12 @@ def _blocks(name: str, t: torch.Tensor, limit: int, split_rows: bool) -> list[tu
     return [(f"{name}{ROWS}{i}", b.contiguous()) for i, b in enumerate(t.split(limit // row))]
 
 
+def row_block(key: str) -> tuple[str, int | None]:
+    """(tensor name, block index) of a stored key; the index is None for a whole tensor."""
+    name, rows, i = key.rpartition(ROWS)
+    return (name, int(i)) if rows and i.isdigit() else (key, None)
+
+
 def is_draft_dir(path: Path) -> bool:
     """A directory whose config.json names an EAGLE-3 draft (ours or another tool's)."""
     try:
@@ -166,6 +174,7 @@ def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         target_hidden_size=cfg.get("target_hidden_size"),
         aux_norm=bool((cfg.get("eaglet") or {}).get("aux_norm")),
+        vocab_by_frequency=(cfg.get("eaglet") or {}).get("vocab_order") == "frequency",
     )
     state = _read_tensors(path)
     if "aux_norm.weight" in state and not c.aux_norm:  # never serve without a norm the draft was trained with
@@ -224,11 +233,11 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     for f in _weight_files(path):
         with safe_open(str(path / f), framework="pt") as h:
             for k in h.keys():
-                name, rows, i = k.rpartition(ROWS)
-                if rows and i.isdigit():
-                    blocks.setdefault(name, {})[int(i)] = h.get_tensor(k)
-                else:
+                name, i = row_block(k)
+                if i is None:
                     out[k] = h.get_tensor(k)
+                else:
+                    blocks.setdefault(name, {})[i] = h.get_tensor(k)
     for name, parts in blocks.items():
         if sorted(parts) != list(range(len(parts))):
             raise EagletError(f"{path} holds row blocks {sorted(parts)} of {name}; some are missing")

@@ -20,7 +20,7 @@ or through ``past`` lists of earlier steps' K/V (training-time test, differentia
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,9 @@ class DraftConfig:
     max_position_embeddings: int = 4096
     target_hidden_size: int | None = None  # defaults to hidden_size
     aux_norm: bool = False  # RMS-normalise each captured point before fc (PointNorm)
+    # The draft vocabulary lies most frequent first (eaglet's trainer since session 12), so serving may keep a
+    # prefix of it (``keep_vocab``); other drafts list it by target id.
+    vocab_by_frequency: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -207,14 +210,37 @@ class Eagle3Draft(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def vocab_ids(self) -> torch.Tensor:
+        """[Vd] the target id of each draft id, in the draft's order."""
+        return self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+
     def set_vocab(self, target_ids: torch.Tensor) -> None:
-        """Define the draft vocabulary as these target ids (sorted ascending)."""
-        ids = torch.sort(target_ids.to(torch.long)).values
+        """Define the draft vocabulary as these target ids, in this order (draft id i is ``target_ids[i]``)."""
+        ids = target_ids.to(torch.long)
         if ids.numel() != self.config.draft_vocab_size or ids.unique().numel() != ids.numel():
             raise EagletError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct target ids")
         self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
         self.t2d.zero_()
         self.t2d[ids] = True
+
+    def keep_vocab(self, n: int) -> Eagle3Draft:
+        """Serve with the ``n`` most frequent tokens of a frequency-ordered vocabulary: the first ``n`` rows of
+        the LM head (FR-Spec's cut: a smaller head where it is a large part of a draft step, as on a CPU).
+        Proposals stay within the target's vocabulary, so outputs are what the target decides, as before."""
+        if not self.config.vocab_by_frequency:
+            raise EagletError("this draft's vocabulary is listed by token id, not by frequency: a prefix of it "
+                              "would keep arbitrary tokens; serve it whole")
+        if n >= self.config.draft_vocab_size:
+            return self
+        ids = self.vocab_ids()[:n]
+        head = self.lm_head.weight[:n].detach().clone()
+        self.config = replace(self.config, draft_vocab_size=n)
+        self.lm_head = Linear(self.config.hidden_size, n, bias=False).to(head)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(head)
+        self.d2t = self.d2t[:n].clone()
+        self.set_vocab(ids)
+        return self
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.fc.weight

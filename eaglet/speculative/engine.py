@@ -211,7 +211,7 @@ class SpecEngine:
         self._iterations: dict[tuple, _Iteration] = {}
         self._plain: dict[int, Callable] = {}
         self._chunks: dict[int, DecodeChunks] = {}
-        self.draft_to_target = draft.to_target_ids(torch.arange(c.draft_vocab_size, device=self.device))
+        self.draft_to_target = draft.vocab_ids()
         # Prefill per bucket (captured under CUDA graphs): the target's with capture, then the draft's anchors.
         self.prefills = target_prefills(target, self.capacity, self.use_graphs, bucketed_prefill, self.capture,
                                         compile_prefill)

@@ -44,7 +44,7 @@ def evaluate_sources(target: Target, draft: Eagle3Draft, convs: list[Conversatio
     """{source: summarize() row} for each source of ``convs``, and ``"all"`` for them pooled."""
     dev = target.model.embed.weight.device
     loss = TTTLoss(draft.to(dev), ttt_steps, decay)
-    draft_ids = torch.nonzero(draft.t2d).squeeze(1)
+    draft_ids = draft.vocab_ids()
     autocast = dev.type == "cuda"
     groups: dict[str, list[Conversation]] = {"all": convs}
     for c in convs:

@@ -38,7 +38,7 @@ class Featurizer:
     def __init__(self, target: Target, capture: CaptureSpec, draft_ids: torch.Tensor,
                  source: TokenData | FeatureSet, device: torch.device, max_len: int | None = None):
         self.target, self.capture, self.source, self.device = target, capture, source, device
-        self.draft_ids = draft_ids.to(device)  # [Vd] target ids of the draft vocabulary, ascending
+        self.draft_ids = draft_ids.to(device)  # [Vd] target ids of the draft vocabulary, in its order
         self.offline = isinstance(source, FeatureSet)
         # On CUDA, padding T to a multiple of 64 keeps the set of kernel shapes small.
         self.multiple = 64 if device.type == "cuda" else 1

@@ -63,10 +63,12 @@ class Trainer:
         dev = dist.device
         with torch.random.fork_rng(devices=[]), torch.device(dev):
             torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
-            self.draft = Eagle3Draft(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm))
+            self.draft = Eagle3Draft(replace(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm),
+                                             vocab_by_frequency=True))
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
-                        "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {})}
+                        "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {}),
+                        "vocab_order": "frequency"}
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step, self.epoch, self.batch_pos = 0, 0, 0
@@ -76,7 +78,7 @@ class Trainer:
             self._resume(info)
         else:
             self._init_vocab()
-        draft_ids = torch.nonzero(self.draft.t2d).squeeze(1)
+        draft_ids = self.draft.vocab_ids()
         max_len = cfg.seq_len(tc.max_position_embeddings)
         self.train_feats = Featurizer(target, self.capture, draft_ids, train, dev, max_len)
         self.val_feats = Featurizer(target, self.capture, draft_ids, val, dev, max_len) if val is not None else None

@@ -162,6 +162,29 @@ def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tm
     assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_engine"] is True
 
 
+def test_a_frequency_ordered_draft_serves_the_vocabulary_asked_or_the_devices_default(chat_model_dir, draft_dir,
+                                                                                     tmp_path, monkeypatch):
+    """--draft-vocab cuts a frequency-ordered draft's vocabulary to its first N tokens; without it a CPU serves
+    SERVE_VOCAB of them (patched here below the tiny draft's 160), and report.json says what was served."""
+    import dataclasses
+
+    from eaglet.draft.checkpoint import load_draft, save_draft
+
+    draft, cfg = load_draft(draft_dir, 3)
+    draft.config = dataclasses.replace(draft.config, vocab_by_frequency=True)
+    save_draft(draft, tmp_path / "freq", target=cfg["eaglet"]["target"])
+    monkeypatch.setattr("eaglet.speculative.load.SERVE_VOCAB", {"cpu": 96})
+    common = ["bench", "--target", str(chat_model_dir), "--max-new-tokens", "4", "--methods", "spec", "--limit", "1"]
+    served = []
+    for extra in ([], ["--draft-vocab", "40"]):
+        out = tmp_path / f"run{len(served)}"
+        assert main([*common, "--draft", str(tmp_path / "freq"), "--out", str(out), *extra]) == 0
+        served.append(json.loads((out / "report.json").read_text())["config"]["draft_vocab"])
+    assert main([*common, "--draft", str(draft_dir), "--out", str(tmp_path / "by-id")]) == 0  # served whole
+    served.append(json.loads((tmp_path / "by-id" / "report.json").read_text())["config"]["draft_vocab"])
+    assert served == [96, 40, 160]
+
+
 def test_every_prompt_shape_is_warm_before_timing(chat_model_dir, draft_dir, prompts_file, tmp_path, monkeypatch):
     """Each of eaglet's methods runs every batch for two tokens before the timed runs (a first use of a prefill
     shape cost 0.5-1 s on an H200, paid by whichever method ran first), with the policy booking nothing."""

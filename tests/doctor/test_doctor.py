@@ -19,7 +19,8 @@ from eaglet.doctor.contract import check_contract
 from eaglet.doctor.run import run_doctor
 from eaglet.doctor.samples import answer_data
 from eaglet.doctor.tp import TPReport, check_tp, judge
-from eaglet.draft.checkpoint import load_draft
+from eaglet.draft.checkpoint import load_draft, save_draft
+from eaglet.draft.compat import target_identity
 from eaglet.errors import EagletError
 from eaglet.loading.target import tokenizer_hash
 from eaglet.speculative import verify as spec_verify
@@ -102,6 +103,21 @@ def test_a_draft_of_the_new_recipe_passes(doctor_target_dir, recipe_draft, docto
     no_weights = _without_norm_weights(recipe_draft, tmp_path)
     assert "weights hold no aux_norm.weight" in " ".join(
         check_contract(target, no_weights, None, torch.float32, "cpu").check.problems)
+
+
+def test_a_draft_stored_in_row_blocks_passes_the_contract(doctor_target_dir, recipe_draft, tmp_path):
+    """An aux-norm draft's tensors over the shard limit are stored in row blocks (an 8B target's fc is ~100 MB):
+    the contract reads fc's width from its blocks instead of failing for a missing fc.weight."""
+    target = load_tiny(doctor_target_dir)
+    draft, _ = load_draft(recipe_draft, LAYERS)
+    fc = draft.fc.weight
+    save_draft(draft, tmp_path / "blocks", target=target_identity(target), split_rows=True,
+               max_shard_bytes=fc.numel() * 2 // 3)
+    names = json.loads((tmp_path / "blocks" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "fc.weight" not in names and "fc.weight@rows0" in names
+    res = check_contract(target, tmp_path / "blocks", None, torch.float32, "cpu")
+    assert res.check.status == "pass" and res.draft is not None, res.check.problems
+    assert res.check.evidence["fc_shape"] == list(fc.shape)
 
 
 def _without_norm_weights(recipe_draft, tmp_path):
@@ -211,14 +227,18 @@ def test_wrong_d2t_mapping(target, trained_draft, tmp_path):
     bad = copy_draft(trained_draft, tmp_path / "d2t")
     shard = next(bad.glob("model-*.safetensors"))
     t = load_file(str(shard))
-    t["d2t"][10:20] = 1  # draft ids 10..19 -> target ids 11..20: 20 is reached twice, 10 never
+    ids = torch.arange(t["d2t"].numel()) + t["d2t"]  # the target id of each draft id
+    ids[10:20] = ids[20:30].clone()  # draft ids 10..19 reach 20..29's targets: ten collisions, ten never reached
+    t["d2t"] = ids - torch.arange(ids.numel())
     save_file(t, str(shard), metadata={"format": "pt"})
     chk = check_contract(target, bad, None, torch.float32, "cpu").check
     assert chk.status == "fail"
     text = " | ".join(chk.problems)
-    assert "d2t is not injective: 1 target ids are reached by several draft ids (first: draft ids [19, 20] -> " \
-           "target id 20)" in text
-    assert "d2t and t2d disagree: t2d marks 260 target ids, d2t reaches 259" in text
+    first = int(ids[20:30].min())
+    j = 20 + int(ids[20:30].argmin())
+    assert f"d2t is not injective: 10 target ids are reached by several draft ids (first: draft ids {[j - 10, j]} " \
+           f"-> target id {first})" in text
+    assert "d2t and t2d disagree: t2d marks 260 target ids, d2t reaches 250" in text
 
 
 def test_draft_trained_with_another_tokenizer(target, trained_draft, tmp_path):

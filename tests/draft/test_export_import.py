@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -107,8 +108,8 @@ def test_draft_vocabulary():
     ids = torch.tensor([5, 5, 5, 3, 3, 9, 1])
     counts = token_counts(ids, torch.tensor([1, 1, 1, 1, 1, 1, 0], dtype=torch.bool), 12)
     assert counts.tolist() == [0, 0, 0, 2, 0, 3, 0, 0, 0, 1, 0, 0]
-    assert select_vocab(counts, 2).tolist() == [3, 5]
-    assert select_vocab(counts, 5).tolist() == [0, 1, 3, 5, 9]  # unseen fillers: lowest ids
+    assert select_vocab(counts, 2).tolist() == [5, 3]  # most frequent first
+    assert select_vocab(counts, 5).tolist() == [5, 3, 9, 0, 1]  # unseen fillers: lowest ids
     assert coverage(counts, torch.tensor([3, 5])) == pytest.approx(5 / 6)
 
 
@@ -132,6 +133,24 @@ def test_a_tensor_over_the_shard_limit_travels_in_row_blocks(tiny_target, tmp_pa
     (tmp_path / "a" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": names}))
     with pytest.raises(EagletError, match=r"row blocks \[0, 2, 3\] of lm_head.weight; some are missing"):
         load_draft(tmp_path / "a", 3)
+
+
+def test_a_frequency_ordered_vocabulary_round_trips_and_serves_a_prefix(tiny_target, tmp_path):
+    """The trainer lists the draft vocabulary most frequent first and says so in config.json; ``keep_vocab(n)``
+    then serves the first n rows of the head. A draft listed by token id refuses the cut."""
+    d = _draft(tiny_target)
+    with pytest.raises(EagletError, match="by token id, not by frequency"):
+        d.keep_vocab(50)
+    d.config = dataclasses.replace(d.config, vocab_by_frequency=True)
+    save_draft(d, tmp_path / "a")
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["eaglet"]["vocab_order"] == "frequency"
+    back, _ = load_draft(tmp_path / "a", 3)
+    assert back.config.vocab_by_frequency and torch.equal(back.vocab_ids(), d.vocab_ids())
+    h = torch.randn(2, 5, d.config.hidden_size)
+    whole = back.logits(h)
+    back.keep_vocab(50)
+    assert torch.equal(back.logits(h), whole[..., :50]) and torch.equal(back.vocab_ids(), d.vocab_ids()[:50])
+    assert back.t2d.sum() == 50 and back.t2d[d.vocab_ids()[:50]].all()
 
 
 def test_save_draft_never_replaces_a_folder_that_is_not_a_draft_unasked(tiny_target, tmp_path):

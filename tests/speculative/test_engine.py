@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -76,6 +77,26 @@ def test_fallback_mid_answer_gives_plain_tokens(agreeing, plain_out, chunk, monk
     assert [o.tokens for o in out] == [p.tokens for p in plain]
     assert all(0 < len(o.accept_lengths) < len(o.tokens) - 1 for o in out), "some tokens came after the fallback"
     assert (eng._chunks.get(len(prompts)) is not None) == (chunk > 1)
+
+
+def test_greedy_identical_with_a_frequency_cut_vocabulary(agreeing, plain_out):
+    """A frequency-ordered draft served with the prefix of its vocabulary (``--draft-vocab``; a CPU's default):
+    tokens past the cut are never proposed, the rest still are, and the output is plain decoding's."""
+    target, echo = agreeing
+    prompts, plain = plain_out
+    written = torch.tensor([t for o in plain for t in o.tokens])
+    order = torch.argsort(-torch.bincount(written, minlength=target.config.vocab_size), stable=True)
+    draft = copy.deepcopy(echo)
+    draft.config = dataclasses.replace(draft.config, vocab_by_frequency=True)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(echo.lm_head.weight[order])  # the same draft, its vocabulary by frequency
+    draft.set_vocab(order)
+    n = written.unique().numel() // 2  # half the tokens plain decoding wrote fall past the cut
+    draft.keep_vocab(n)
+    assert draft.lm_head.weight.shape[0] == n and set(draft.vocab_ids().tolist()) == set(order[:n].tolist())
+    out = spec(target, draft, "tree").generate(prompts, SamplingParams(max_new_tokens=48))
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+    assert max(a for o in out for a in o.accept_lengths) > 1  # the kept tokens are still proposed and accepted
 
 
 def test_greedy_identical_with_random_draft(target):
