@@ -23,7 +23,8 @@ Kept turns are appended to a prompt JSONL (one write per batch, settings in its
 rerun skips every id tried before. Sampling is seeded per batch from the batch's first
 id (identical contexts in two batches still draw different turns), and batches are formed
 from all jobs whether done or not: a resumed run with the same rows writes what an uninterrupted
-one would (a batch has ``batch_size`` rows, fewer where the GPU's free memory holds fewer).
+one would (a batch has ``batch_size`` rows, fewer where the GPU's free memory holds fewer or the
+stage has fewer jobs).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     # One generator and one cache for the stage, its rows what the memory holds beside a live Refill's cache
     # (a generator per batch's longest context, each keeping its cache, ran an H200 out of memory).
     gen = generator_for(target, max(map(len, ids.values())), cfg.max_new_tokens)
-    rows = rows_fitting(target, gen.capacity, cfg.batch_size)
+    rows = rows_fitting(target, gen.capacity, min(cfg.batch_size, len(pending)))  # a short stage: its own rows
     kept = 0
     bar = tqdm(total=len(pending), desc=kind, unit="turn", disable=not progress, dynamic_ncols=True)
     with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:

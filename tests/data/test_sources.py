@@ -123,6 +123,11 @@ def test_a_stage_of_turns_runs_one_generator_at_one_batch_size(tiny_target, tmp_
     write_turns(tiny_target, jobs, out, TurnConfig(batch_size=2, max_new_tokens=4), "follow-ups", progress=False,
                 dedupe=False)
     assert len(built) == 1 and batches == [2, 2, 2]
+    # A stage shorter than the batch runs its own rows (a 256-row session for 8 Magpie prompts took minutes
+    # on the CPU).
+    write_turns(tiny_target, self_prompt_jobs(3), tmp_path / "few.jsonl", TurnConfig(batch_size=64, max_new_tokens=4),
+                "self-prompts", progress=False)
+    assert len(built) == 2 and batches[3:] == [3]
     why = {r["id"]: r.get("dropped") for r in _records(out)}
     assert why["long"] == "too long to continue"
     assert len(why) == 5 and all(w != "too long to continue" for i, w in why.items() if i != "long")
