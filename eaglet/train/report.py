@@ -115,8 +115,11 @@ def plot_accuracy(log_path: Path, png: Path, smooth: int = 50) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    tau = val[-1]["tau_pred"] if val else train[-1]["tau_pred"]
-    ax.set_title(f"EAGLE-3 draft: acc_j per draft step (last predicted accept length {tau:.2f})")
+    last = val[-1] if val else train[-1]
+    # tau_all counts tokens outside the draft vocabulary as misses: the figure to compare vocabularies by.
+    every = f", {last['tau_all']:.2f} over all tokens" if "tau_all" in last else ""
+    ax.set_title(f"EAGLE-3 draft: acc_j per draft step\nlast predicted accept length {last['tau_pred']:.2f} over "
+                 f"draft-vocabulary tokens{every}", fontsize=10)
     fig.tight_layout()
     with atomic_file(png) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
