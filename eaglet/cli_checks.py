@@ -233,11 +233,12 @@ def _draft_vocab(args: Namespace) -> None:
         return
     import json
 
-    from eaglet.speculative.load import not_by_frequency
+    from eaglet.draft.checkpoint import listed_by_frequency
 
-    cfg = json.loads((Path(args.draft).expanduser() / "config.json").read_text())
-    if (cfg.get("eaglet") or {}).get("vocab_order") != "frequency":
-        raise not_by_frequency(args.draft_vocab, args.draft)
+    if not listed_by_frequency(json.loads((Path(args.draft).expanduser() / "config.json").read_text())):
+        raise EagletError(f"--draft-vocab {args.draft_vocab}: the draft at {args.draft} lists its vocabulary by "
+                          "token id, not by frequency (trained before 2026-12-02 or by another tool), so no prefix "
+                          "of it is the most frequent tokens; leave --draft-vocab out")
 
 
 def _features(flag: str, value: str | None) -> None:

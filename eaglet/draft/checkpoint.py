@@ -123,6 +123,11 @@ def row_block(key: str) -> tuple[str, int | None]:
     return (name, int(i)) if rows and i.isdigit() else (key, None)
 
 
+def listed_by_frequency(cfg: dict) -> bool:
+    """Whether a draft's config.json says its vocabulary lies most frequent first (``Eagle3Draft.keep_vocab``)."""
+    return (cfg.get("eaglet") or {}).get("vocab_order") == "frequency"
+
+
 def is_draft_dir(path: Path) -> bool:
     """A directory whose config.json names an EAGLE-3 draft (ours or another tool's)."""
     try:
@@ -174,7 +179,7 @@ def load_draft(path: str | Path, num_layers: int, device: str | torch.device = "
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         target_hidden_size=cfg.get("target_hidden_size"),
         aux_norm=bool((cfg.get("eaglet") or {}).get("aux_norm")),
-        vocab_by_frequency=(cfg.get("eaglet") or {}).get("vocab_order") == "frequency",
+        vocab_by_frequency=listed_by_frequency(cfg),
     )
     state = _read_tensors(path)
     if "aux_norm.weight" in state and not c.aux_norm:  # never serve without a norm the draft was trained with

@@ -6,7 +6,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.options import EngineOptions
 
@@ -52,24 +51,17 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None):
     """The draft at ``path``, on the target's device and in its dtype, its projections fused for
     serving; a draft recorded for another target (hidden size, vocabulary, layers, tokenizer) is refused.
 
-    ``vocab``: serve a frequency-ordered draft with its ``vocab`` most frequent tokens (default:
-    SERVE_VOCAB for the device); asked of a draft listed by token id, that is an error."""
+    ``vocab``: serve a frequency-ordered draft with its ``vocab`` most frequent tokens (``keep_vocab``, which
+    refuses a draft listed by token id); default: SERVE_VOCAB for the device, where the draft allows it."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
     draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
-    if vocab is not None and not draft.config.vocab_by_frequency:
-        raise not_by_frequency(vocab, path)
-    cap = vocab or SERVE_VOCAB.get(p.device.type)
-    if cap is not None and draft.config.vocab_by_frequency:
-        draft.keep_vocab(cap)
+    if vocab is None and draft.config.vocab_by_frequency:
+        vocab = SERVE_VOCAB.get(p.device.type)
+    if vocab is not None:
+        draft.keep_vocab(vocab)
     return draft.fuse_projections()
-
-
-def not_by_frequency(vocab: int, path) -> EagletError:
-    return EagletError(f"--draft-vocab {vocab}: the draft at {path} lists its vocabulary by token id, not by "
-                       "frequency (trained before 2026-12-02 or by another tool), so no prefix of it is the most "
-                       "frequent tokens; leave --draft-vocab out")
 
 
 def spec_engine(target: Target, path: Path, max_context: int | None, options: EngineOptions,
