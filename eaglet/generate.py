@@ -306,13 +306,26 @@ class PlainGenerator:
 
         return grown(self, small, batch)
 
+    def release(self) -> None:
+        """Drop every cache, captured step and chunk (a chunk and its closure hold each other, and its cache,
+        until the cyclic collector runs): a stage done with this generator hands its memory back now."""
+        for chunks in self._chunks.values():
+            chunks._built.clear()
+        self._chunks.clear()
+        self._graphs.clear()
+        self._caches.clear()
+        self.prefills = None
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 on_token: Callable[[int, int], None] | None = None, batch: int | None = None) -> list[Completion]:
+                 on_token: Callable[[int, int], None] | None = None, batch: int | None = None,
+                 prefill_tokens: int | None = None) -> list[Completion]:
         """Decode each prompt; ``on_token(row, token)`` streams tokens as they are final. ``batch``: the rows
         of the session (and its cache) to run them in, at least ``len(prompts)``; a caller of several batch
-        sizes keeps one cache with it (default: ``len(prompts)``, under CUDA graphs its bucket)."""
+        sizes keeps one cache with it (default: ``len(prompts)``, under CUDA graphs its bucket).
+        ``prefill_tokens``: the prompts are prefilled in parts of at most this many padded tokens (default:
+        one forward, whose attention scores grow with the rows times the longest prompt squared)."""
         from eaglet.session import bucket_size, decode_all
 
         return decode_all(self.session(batch or bucket_size(len(prompts), self.use_graphs), params), prompts,
-                          params, on_token)
+                          params, on_token, prefill_tokens)

@@ -277,10 +277,18 @@ def bucket_size(n: int, graphs: bool) -> int:
 
 
 def decode_all(session: Session, prompts: list[list[int]], params: SamplingParams,
-               on_token: Callable[[int, int], None] | None = None) -> list[Completion]:
-    """Admit every prompt (rows 0..n-1) and step until all are done; ``on_token(row, token)`` streams."""
+               on_token: Callable[[int, int], None] | None = None,
+               prefill_tokens: int | None = None) -> list[Completion]:
+    """Admit every prompt (rows 0..n-1) and step until all are done; ``on_token(row, token)`` streams.
+    ``prefill_tokens``: admit in parts of rows in order, halved while one pads to more tokens than this."""
     start = time.perf_counter()
-    news = dict(enumerate(session.admit(0, prompts, params)))
+    news, lo = {}, 0
+    while lo < len(prompts):
+        n = len(prompts) - lo
+        while prefill_tokens and n > 1 and n * max(map(len, prompts[lo: lo + n])) > prefill_tokens:
+            n //= 2
+        news.update(enumerate(session.admit(lo, prompts[lo: lo + n], params), lo))
+        lo += n
     while True:
         if on_token:
             for i, toks in news.items():

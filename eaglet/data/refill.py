@@ -22,6 +22,7 @@ a token. Greedy answers are the target's greedy output (``PlainGenerator.generat
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,15 +89,35 @@ def auto_rows(target: Target, max_prompt_tokens: int, max_new_tokens: int) -> in
 
 def rows_fitting(target: Target, slots: int, most: int) -> int:
     """At most ``most`` rows: on a GPU the largest power of two whose KV cache of ``slots`` slots and float32
-    logits fit MEMORY_SHARE of the memory free now (the caching allocator's unused blocks count as free:
-    an earlier stage's freed cache is reused, and a live one, such as ``Refill``'s, is not)."""
+    logits fit MEMORY_SHARE of the memory free now, less ``prefill_reserve`` (an admission's transient).
+
+    Free is the driver's after ``empty_cache``: the allocator's unused blocks go back first, so an earlier
+    stage's freed cache counts, and a live one (such as ``Refill``'s) does not. Blocks it keeps (part of a
+    segment still in use) are not counted: without expandable segments they are fragments, which cannot
+    hold one layer's cache of hundreds of rows (counting them sized a cache larger than could be allocated).
+    """
     device = target.model.embed.weight.device
     if device.type != "cuda":
         return most
     per_row = target.model.new_cache(1, 1).nbytes() * slots + 2 * 4 * target.config.vocab_size  # + logits, softmax
-    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
-        torch.cuda.memory_allocated(device)
-    return min(most, fitting_rows(free, per_row))
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info(device)[0] - prefill_reserve(target, slots)
+    return min(most, fitting_rows(max(free, 0), per_row))
+
+
+def prefill_reserve(target: Target, slots: int) -> int:
+    """Bytes of one admission's attention scores, float32: an eager prefill of PREFILL_TOKENS padded tokens
+    over at most ``slots`` slots (SDPA's math path materializes them; a stage admitting all its rows in one
+    forward asked 21.96 GiB at 512 rows and 87.83 GiB at 2,048 on an H200)."""
+    return PREFILL_TOKENS * slots * target.config.num_heads * 4
+
+
+def release_memory() -> None:
+    """After a stage has dropped its generator: collect what only cycles still hold (a captured chunk and its
+    closure), then hand the allocator's unused blocks back, before the next stage sizes its rows."""
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def fitting_rows(free: int, per_row: int) -> int:
@@ -158,6 +179,15 @@ class Refill:
                         return
                     continue
                 session.step()
+
+    def trim(self) -> None:
+        """Free the sessions' admission scratch caches (``Landing``: one per power-of-two count of rows, grown
+        to the longest prompt each held; allocated again on need) and hand the memory back, so that a stage
+        sizing a cache of its own beside this one counts that memory. The sessions' caches, which their
+        captured steps read, stay."""
+        for session in self.sessions.values():
+            session.landing.scratch.clear()
+        release_memory()
 
     def _session(self, batch: int) -> Session:
         if batch not in self.sessions:

@@ -99,6 +99,8 @@ def answer_sources(target: Target | Endpoint, prompts: list[Conversation], out: 
         firsts = [c for c in answered if c.target_turns == 1 and not c.truncated and "~t" not in c.id
                   and not c.id.endswith("+2") and picked(c.id, rc.follow_ups, f"follow-ups:{rc.seed}")]
         path = side_file(out, "follow-ups")
+        if refill is not None:  # its admission scratch goes, so the turn writer's rows count that memory
+            refill.trim()
         write_turns(target, follow_up_jobs(firsts), path, _turns(rc), "follow-ups", turn_stop, progress,
                     dedupe=False)
         second = load_written(path)

@@ -207,21 +207,32 @@ def test_admissions_prefill_eagerly_unless_graphs_are_asked_for(tiny_target, mon
     assert refill.Refill(tiny_target, 4, 64, PARAMS).gen.prefills is not None
 
 
-def test_rows_count_the_allocators_unused_blocks_as_free(monkeypatch):
-    """A stage's freed cache stays with the caching allocator, free for the next stage; a live cache (the
-    Refill's) is not: the follow-up stage sizes its rows from what is left beside it."""
+def test_rows_count_the_memory_free_after_the_allocators_unused_blocks_go_back(monkeypatch):
+    """A stage's freed cache stays with the caching allocator until ``empty_cache`` returns it; a live cache (the
+    Refill's) is not free. Blocks the allocator keeps after ``empty_cache`` (parts of segments in use) were
+    counted as free, though without expandable segments such fragments cannot hold one large allocation."""
+    calls = []
     cache = SimpleNamespace(nbytes=lambda: 1000)  # bytes a slot of one row
     model = SimpleNamespace(embed=SimpleNamespace(weight=SimpleNamespace(device=torch.device("cuda"))),
                             new_cache=lambda batch, slots: cache)
-    target = SimpleNamespace(model=model, config=SimpleNamespace(vocab_size=0))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10_000_000, 200_000_000))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 50_000_000)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 20_000_000)
-    # free: 10 MB + 30 MB reserved but unused; 60% of it holds 240 rows of 100 slots: 128, a power of two
+    target = SimpleNamespace(model=model, config=SimpleNamespace(vocab_size=0, num_heads=1))
+    monkeypatch.setattr(refill, "PREFILL_TOKENS", 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: calls.append("free") or (40_000_000, 200_000_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 80_000_000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 50_000_000)  # 30 MB kept, unused
+    # 60% of the 40 MB free holds 240 rows of 100 slots: 128, a power of two; the 30 MB kept do not count
     assert refill.rows_fitting(target, 100, 2048) == 128
+    assert calls == ["empty_cache", "free"]  # the unused blocks go back before the free memory is read
     assert refill.rows_fitting(target, 100, 64) == 64
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 50_000_000)  # all reserved is live
-    assert refill.rows_fitting(target, 100, 2048) == 32
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10_000_000, 200_000_000))
+    assert refill.rows_fitting(target, 100, 2048) == 32  # 60% of 10 MB: 60 rows
+    # An admission's attention scores (PREFILL_TOKENS padded tokens over the slots, float32) are set aside.
+    monkeypatch.setattr(refill, "PREFILL_TOKENS", 12_500)
+    assert refill.prefill_reserve(target, 100) == 5_000_000
+    assert refill.rows_fitting(target, 100, 2048) == 16  # 60% of 10 MB - 5 MB: 30 rows
+    monkeypatch.setattr(refill, "PREFILL_TOKENS", 10**6)
+    assert refill.rows_fitting(target, 100, 2048) == 1  # nothing left: one row, as before
 
 
 def test_without_a_batch_size_a_run_takes_the_rows_its_memory_holds(tiny_target, tmp_path, monkeypatch, capsys):

@@ -82,12 +82,15 @@ class _Writer:
     def __init__(self, target, *args, **kwargs):
         self.tok = target.tokenizer
 
-    def generate(self, rows, params, batch=None):
+    def generate(self, rows, params, batch=None, prefill_tokens=None):
         out = []
         for _ in rows:
             text, reason = _Writer.texts.pop(0) if _Writer.texts else ("a question of my own " * 2, "stop")
             out.append(Completion(self.tok(text, add_special_tokens=False)["input_ids"], reason))
         return out
+
+    def release(self):
+        pass
 
 
 def test_self_prompts_keep_finished_distinct_turns_and_resume(tiny_target, tmp_path, monkeypatch):
@@ -142,7 +145,7 @@ def test_ctrl_c_in_the_last_batch_of_turns_stops_the_run(tiny_target, tmp_path, 
     from eaglet.errors import Interrupted
 
     class _Interrupting(_Writer):
-        def generate(self, rows, params, batch=None):
+        def generate(self, rows, params, batch=None, prefill_tokens=None):
             os.kill(os.getpid(), signal.SIGINT)
             return super().generate(rows, params)
 
@@ -250,7 +253,7 @@ def test_openers_start_a_share_of_self_prompts_and_the_target_writes_the_rest(ti
     fed = []
 
     class Reader(_Writer):  # also keeps the text each row was given to continue
-        def generate(self, rows, params, batch=None):
+        def generate(self, rows, params, batch=None, prefill_tokens=None):
             fed.extend(self.tok.decode(r) for r in rows)
             return super().generate(rows, params)
 
