@@ -288,7 +288,9 @@ class PlainGenerator:
         cache = self._cache(batch)
         self._step_fn(cache)
         if (chunks := self._chunks_of(cache)) is not None:
-            chunks.chunk()
+            run = chunks.chunk()
+            with chunks.idle():  # launched once here, as the speculative engine's cost probe launches its own: a
+                run()  # plain server's first request met a 1.24 s wait on the H200 that the other did not (unproven)
 
     def session(self, batch: int, params: SamplingParams, own_draws: bool = False):
         """A running batch of ``batch`` rows (one live session per batch size: they share a cache);

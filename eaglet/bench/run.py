@@ -20,6 +20,7 @@ import contextlib
 import os
 import platform
 import sys
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -108,14 +109,20 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     load_before = _load()
     warm = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
     shapes = replace(params, max_new_tokens=min(SHAPE_PASS_TOKENS, params.max_new_tokens))
+    warm_up_s = {}  # first use of the batch size (compiling, capturing) and the shape pass, per method
     for m in cfg.methods:
         log_(f"{m}: warm-up")
+        t0 = time.perf_counter()
         run(m, ids[: cfg.batch_size], warm)
+        t1 = time.perf_counter()
         if m in generators:
             policy = getattr(generators[m], "policy", None)
             with policy.paused() if policy else contextlib.nullcontext():
                 for lo, hi in spans:
                     run(m, ids[lo:hi], shapes, lo)
+        warm_up_s[m] = {"first_batch": round(t1 - t0, 2), "shape_pass": round(time.perf_counter() - t1, 2)}
+        log_(f"{m}: warm-up took {t1 - t0:.1f} s for its first batch, {warm_up_s[m]['shape_pass']:.1f} s "
+             "for the shape pass")
     # Timed batch by batch, the methods in turn (who goes first rotates): a machine whose speed drifts
     # during the run (a shared CPU, clocks) then slows every method alike. Run one after the other, a
     # 2-core CPU's plain decoding ranged 30-39 tok/s over minutes and ratios moved by 0.1-0.3.
@@ -142,6 +149,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),
+        "warm_up_s": warm_up_s,
         "gpu": torch.cuda.get_device_name() if torch.device(t.device).type == "cuda" else None,
         "hf_lookup_batch_size": 1 if "hf-lookup" in cfg.methods else None,
     }

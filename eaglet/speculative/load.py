@@ -12,7 +12,8 @@ from eaglet.options import EngineOptions
 DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 # Tokens a frequency-ordered draft serves with by default, per device type (absent: all). On the 2-core CPU
 # the draft's LM head is much of a draft step: 24,576 tokens cost a 5,2,8 iteration 1.96 plain steps against
-# 1.71 with 12,288 (+15%), more than the 6-8% more accepted tokens they gave on the H200 (docs/training.md).
+# 1.71 with 12,288 (+15%), more than the 6-8% more accepted tokens they gave on the H200 (docs/training.md);
+# the shipped SmolLM2 draft served cut ran 1.60x plain decoding there, whole 1.53x (docs/performance.md).
 SERVE_VOCAB = {"cpu": 12288}
 
 

@@ -43,8 +43,10 @@ def test_bench_all_methods(chat_model_dir, draft_dir, prompts_file, tmp_path, ca
     assert set(report["by_category"]) == {"chat", "code", "math"}
     assert report["prompts"][1]["id"] == "b" and report["prompts"][1]["category"] == "code"
     assert report["config"]["hf_lookup_batch_size"] == 1
-    printed = capsys.readouterr().out
-    assert "spec over plain" in printed and "method" in printed
+    warm = report["config"]["warm_up_s"]  # the untimed first use, per method, so a reader sees what it cost
+    assert set(warm) == set(report["methods"]) and all(w["first_batch"] > 0 <= w["shape_pass"] for w in warm.values())
+    printed = capsys.readouterr()
+    assert "spec over plain" in printed.out and "method" in printed.out and "spec: warm-up took" in printed.err
 
 
 def test_prompt_sets_are_batched_and_reported_each_on_its_own(chat_model_dir, draft_dir, prompts_file, tmp_path,
