@@ -8,6 +8,8 @@ overhead, not bandwidth, bounds a small model's step, and replay removes it.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -23,6 +25,28 @@ def persistent_compile_cache() -> None:
     from eaglet.loading.target import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
+def compiled(fn: Callable, what: str, **options) -> Callable:
+    """``torch.compile(fn, **options)``, saying on stderr what compiles and, after its first call (where
+    torch compiles), how long that took: on a GPU the first use of a batch size costs minutes, and whoever
+    waits should see which step they go to."""
+    persistent_compile_cache()
+    print(f"eaglet: compiling {what} (first use at this batch size)", file=sys.stderr)
+    fn = torch.compile(fn, **options)
+    first = True
+
+    def call(*args):
+        nonlocal first
+        if not first:
+            return fn(*args)
+        first = False
+        t0 = time.perf_counter()
+        out = fn(*args)
+        print(f"eaglet: compiled {what} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return out
+
+    return call
 
 
 @contextmanager

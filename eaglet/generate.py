@@ -7,13 +7,12 @@ cache (static shapes); on CPU it attends only over the slots in use.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
+from eaglet.cuda_graph import GraphedStep, compiled, idle
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
@@ -120,10 +119,8 @@ def decode_step(model, cache, static: bool, compile: bool = False,
 
 
 def _compiled(fn: Callable, what: str) -> Callable:
-    persistent_compile_cache()
     # torch.compile's default mode: per-shape max-autotune took minutes a batch size on an H200.
-    print(f"eaglet: compiling {what} (first use at this batch size)", file=sys.stderr)
-    return torch.compile(fn, fullgraph=True, dynamic=False)
+    return compiled(fn, what, fullgraph=True, dynamic=False)
 
 
 def target_prefills(target: Target, capacity: int, graphs: bool, bucketed: bool | None,
@@ -200,6 +197,10 @@ class DecodeChunks:
             self._built[key] = self._build(sampled)
         return self._built[key]
 
+    def release(self) -> None:
+        """Drop the built chunks: each one's closure holds this object, and so its cache, in a cycle."""
+        self._built.clear()
+
     def idle(self):
         """Every row inactive, so a chunk run inside commits nothing; the state is restored after."""
         return idle(self.active, self.roots, self.left)
@@ -215,7 +216,8 @@ class DecodeChunks:
             return logits.argmax(-1) if sampled is None else sample_at(logits, self.temps, self._u, sampled)
 
         if self.compile:  # one step compiled and called ``steps`` times: a chunk compiles as fast as a step
-            one = _compiled(one, f"the {self.steps}-step decode chunk for batch {cache.batch}")
+            rule = "greedy" if sampled is None else "sampled"
+            one = _compiled(one, f"the {self.steps}-step {rule} decode chunk for batch {cache.batch}")
 
         def chunk() -> torch.Tensor:
             for j in range(self.steps):
@@ -310,9 +312,10 @@ class PlainGenerator:
 
     def release(self) -> None:
         """Drop every cache, captured step and chunk (a chunk and its closure hold each other, and its cache,
-        until the cyclic collector runs): a stage done with this generator hands its memory back now."""
+        until the cyclic collector runs): a stage done with this generator hands its memory back now; the
+        generator is not used after."""
         for chunks in self._chunks.values():
-            chunks._built.clear()
+            chunks.release()
         self._chunks.clear()
         self._graphs.clear()
         self._caches.clear()

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import torch
 
-from eaglet.cuda_graph import GraphedStep, idle, persistent_compile_cache
+from eaglet.cuda_graph import GraphedStep, compiled, idle
 from eaglet.errors import EagletError
 from eaglet.generate import CHUNK_STEPS, Completion, DecodeChunks, context_size, decode_step, target_prefills
 from eaglet.loading.target import Target
@@ -146,8 +146,7 @@ class _Iteration:
             return torch.cat([emitted, acc.n_path.view(-1, 1)], dim=1)  # [B, W+1]
 
         if eng.compile:
-            persistent_compile_cache()
-            run = torch.compile(run, dynamic=False)
+            run = compiled(run, f"the iteration of tree {cfg.describe()} for batch {b}", dynamic=False)
         self._run = run
         self.host = torch.zeros(b, width + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
         if eng.use_graphs:
