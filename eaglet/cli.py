@@ -99,7 +99,8 @@ def _add_bench_parser(sub) -> None:
                    help="JSONL of OpenAI 'messages' or {'prompt': ...} lines, or 'builtin' (80 bench prompts); "
                         "several sets comma-separated (builtin,other.jsonl): each is batched on its own and "
                         "reported on its own too")
-    b.add_argument("--limit", type=integer(1), default=None, help="the first N prompts of each set (default: all)")
+    b.add_argument("--limit", type=integer(1), default=None,
+                   help="N prompts of each set, spread over its categories (default: all)")
     add_sampling(b, options.BenchConfig.sampling)
     b.add_argument("--batch-size", type=integer(1), default=options.BenchConfig.batch_size,
                    help="prompts decoded together (ours and hf)")

@@ -27,7 +27,8 @@ class BenchPrompt:
 
 
 def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
-    """Prompts from a JSONL file, or the built-in bench set for ``builtin``."""
+    """Prompts from a JSONL file, or the built-in bench set for ``builtin``; at most ``limit``, taken
+    round-robin over the categories (``by_category``) and kept in file order."""
     path = BUILTIN if spec == "builtin" else Path(spec).expanduser()
     if not path.is_file():
         raise EagletError(f"--prompts {spec}: no such file")
@@ -43,11 +44,23 @@ def load_prompts(spec: str, limit: int | None = None) -> list[BenchPrompt]:
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             raise EagletError(f"{path}:{n}: {e}") from None
         out.append(BenchPrompt(msgs, {k: v for k, v in record.items() if k not in _PROMPT_KEYS}))
-        if limit is not None and len(out) >= limit:
-            break
     if not out:
         raise EagletError(f"{path} holds no prompts")
+    if limit is not None and limit < len(out):  # ``limit`` of them spread over the categories, in file order
+        keep = {id(p) for p in by_category(out)[:limit]}
+        out = [p for p in out if id(p) in keep]
     return out
+
+
+def by_category(items: list[BenchPrompt]) -> list[BenchPrompt]:
+    """``items`` round-robin over their categories (the first of each, then the second of each, ...), so
+    that a few of them cover every kind: a set's first lines are often one kind (the built-in set opens
+    with its 23 code prompts, so its first 20 measured code alone until 2026-12-02)."""
+    cats: dict[str, list[BenchPrompt]] = {}
+    for it in items:
+        cats.setdefault(it.category or "", []).append(it)
+    queues = list(cats.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def load_prompt_sets(spec: str, limit: int | None = None) -> list[BenchPrompt]:

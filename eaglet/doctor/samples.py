@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eaglet.bench.prompts import load_prompts
+from eaglet.bench.prompts import by_category, load_prompts
 from eaglet.capture import CaptureSpec
 from eaglet.chat import encode_chat
 from eaglet.data.dataset import TokenData
@@ -49,15 +49,9 @@ def answer_data(prompts: list[list[int]], answers: list[list[int]]) -> TokenData
 
 
 def pick_prompts(target: Target, spec: str, k: int, max_tokens: int) -> tuple[list[list[int]], list[str]]:
-    """``k`` chat-templated prompts of at most ``max_tokens`` tokens; from the built-in bench set,
-    round-robin over its categories so a few prompts still cover code, math, chat, ..."""
-    items = load_prompts(spec)
-    if spec == "builtin":
-        cats: dict[str, list] = {}
-        for it in items:
-            cats.setdefault(it.category or "", []).append(it)
-        queues = list(cats.values())
-        items = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+    """``k`` chat-templated prompts of at most ``max_tokens`` tokens, round-robin over the set's categories
+    so that a few prompts still cover code, math, chat, ..."""
+    items = by_category(load_prompts(spec))
     ids, labels = [], []
     for n, it in enumerate(items):
         last_user = max((i for i, m in enumerate(it.messages) if m["role"] == "user"), default=len(it.messages) - 1)

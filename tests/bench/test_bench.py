@@ -79,6 +79,18 @@ def test_prompt_sets_are_batched_and_reported_each_on_its_own(chat_model_dir, dr
         load_prompt_sets(f"{other},{other}")
 
 
+
+def test_a_limit_spreads_over_the_categories_in_file_order(tmp_path):
+    """The built-in set opens with 23 code prompts: its first 20 measured code alone."""
+    f = tmp_path / "p.jsonl"
+    cats = ["code", "code", "code", "math", "code", "chat", "math"]
+    f.write_text("".join(json.dumps({"prompt": f"p{i}", "category": c}) + "\n" for i, c in enumerate(cats)))
+    picked = load_prompt_sets(str(f), limit=4)
+    assert [p.messages[-1]["content"] for p in picked] == ["p0", "p1", "p3", "p5"]  # code, math, chat, then code
+    assert len(load_prompt_sets(str(f), limit=50)) == 7
+    builtin = load_prompt_sets("builtin", limit=20)
+    assert len({p.category for p in builtin}) > 5
+
 def test_bench_plain_and_hf_only(chat_model_dir, prompts_file, tmp_path):
     out = tmp_path / "out"
     assert main(["bench", "--target", str(chat_model_dir), "--prompts", str(prompts_file), "--max-new-tokens", "8",
