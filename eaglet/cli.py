@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     from eaglet.cli_checks import check
     from eaglet.cli_options import OPTIONS, command_name
+    from eaglet.cli_train import apply_recipe
     from eaglet.commands import COMMANDS
     from eaglet.interrupt import Interrupted
 
@@ -192,6 +193,8 @@ def _run(argv: list[str] | None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error argparse has already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
+        if getattr(args, "recipe", None):
+            apply_recipe(args)
         check(args)  # every path and every option that goes with another, before a model loads
         name = command_name(args)
         return COMMANDS[name](OPTIONS[name](args))

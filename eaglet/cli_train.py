@@ -7,7 +7,27 @@ import argparse
 from eaglet import options
 from eaglet.cli_args import add_target, add_tp
 from eaglet.cli_checks import answer_list, integer, number, point_list, url
+from eaglet.errors import EagletError
 
+
+class Given(argparse.Action):
+    """Store the value and note the flag as given (``args.given``), so a --recipe leaves it alone however it
+    was spelt (argparse resolves abbreviations before this runs)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
+
+def apply_recipe(args: argparse.Namespace) -> None:
+    """``train --recipe NAME``: the recipe's value for each of its flags the command line did not give."""
+    if not args.regenerate:
+        raise EagletError(f"--recipe {args.recipe} sets the data --regenerate writes and the epochs over it; add "
+                          "--regenerate, or leave --recipe out")
+    for dest, value in options.RECIPES[args.recipe].items():
+        if dest not in getattr(args, "given", set()):
+            setattr(args, dest, value)
 
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     rc = options.RegenConfig
@@ -15,27 +35,29 @@ def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
                    help="rows decoded together (a finished row takes the next prompt at once; default: on a GPU "
                         "the most, up to 2048, whose KV cache fits 60%% of the free memory; 256 on a CPU or "
                         "through --endpoint)")
-    p.add_argument("--max-new-tokens", type=integer(1), default=rc.max_new_tokens, help="tokens per answer at most")
-    p.add_argument("--answers", type=answer_list, default=rc.answers, metavar="SETTINGS",
+    p.add_argument("--max-new-tokens", action=Given, type=integer(1), default=rc.max_new_tokens,
+                   help="tokens per answer at most")
+    p.add_argument("--answers", action=Given, type=answer_list, default=rc.answers, metavar="SETTINGS",
                    help="answers per prompt, comma-separated: 'greedy' and sampling temperatures, e.g. "
                         "greedy,0.7,1.0 (one record each, ids <id> and <id>~t0.7; validation prompts are "
                         "answered greedily only) (default: greedy)")
     p.add_argument("--top-p", type=number(0, 1, low_open=True), default=rc.top_p, help="nucleus sampling; 1 = off")
     p.add_argument("--max-prompt-tokens", type=integer(1), default=rc.max_prompt_tokens,
                    help="longer prompts are skipped and counted")
-    p.add_argument("--max-samples", type=integer(1), default=rc.max_samples,
+    p.add_argument("--max-samples", action=Given, type=integer(1), default=rc.max_samples,
                    help="regenerate at most this many training prompts, a seeded sample (default: all)")
     p.add_argument("--max-val-samples", type=integer(0), default=rc.max_val_samples,
                    help="and at most this many validation prompts (default: all)")
-    p.add_argument("--self-prompts", type=integer(0), default=rc.self_prompts, metavar="N",
+    p.add_argument("--self-prompts", action=Given, type=integer(0), default=rc.self_prompts, metavar="N",
                    help="also have the target write N user prompts itself from the chat template's user prefix "
                         "(Magpie; source 'self', 5%% held out for validation as 'self-heldout'; cut, short and "
                         "duplicate ones are dropped)")
-    p.add_argument("--self-prompt-openers", type=number(0, 1), default=rc.self_prompt_openers, metavar="FRACTION",
+    p.add_argument("--self-prompt-openers", action=Given, type=number(0, 1), default=rc.self_prompt_openers,
+                   metavar="FRACTION",
                    help="start this fraction of the --self-prompts with an opener such as 'Pretend you are' or "
                         "'Write a poem about' and let the target write the rest: requests of kinds it seldom "
                         "writes unprompted (source 'self-steered')")
-    p.add_argument("--follow-ups", type=number(0, 1), default=rc.follow_ups, metavar="FRACTION",
+    p.add_argument("--follow-ups", action=Given, type=number(0, 1), default=rc.follow_ups, metavar="FRACTION",
                    help="give this fraction of the greedily answered conversations a second user turn the "
                         "target writes, and answer it (multi-turn data)")
 
@@ -114,6 +136,11 @@ def _add_train_parser(sub) -> None:
                    help="JSONL files with answers, comma-separated; or prompts (e.g. 'builtin') with --regenerate")
     t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
+    t.add_argument("--recipe", choices=sorted(options.RECIPES), default=None,
+                   help="with --regenerate: set the data and training flags to a named recipe where not given; "
+                        "'chat' is the command that made the shipped SmolLM2 draft (--answers greedy,0.7 "
+                        "--max-samples 16000 --self-prompts 10000 --self-prompt-openers 0.5 --max-new-tokens 256 "
+                        "--epochs 6; docs/training.md)")
     _add_regen_options(t, "--regen-batch-size")
     t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,
                    help="time for regeneration (default: while the time left still trains --epochs passes "
@@ -143,7 +170,7 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--warmup-steps", type=integer(0), default=tc.warmup_steps, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=number(0), default=tc.weight_decay, help="AdamW weight decay")
     t.add_argument("--grad-clip", type=number(0, low_open=True), default=tc.grad_clip, help="gradient-norm clip")
-    t.add_argument("--epochs", type=integer(1), default=tc.epochs, help="passes over the training data")
+    t.add_argument("--epochs", action=Given, type=integer(1), default=tc.epochs, help="passes over the training data")
     t.add_argument("--max-steps", type=integer(1), default=tc.max_steps,
                    help="stop after this many steps (default: epochs)")
     t.add_argument("--batch-tokens", type=integer(16), default=tc.batch_tokens, help="padded tokens per batch and rank")

@@ -277,6 +277,13 @@ class EndpointBenchConfig:
             raise EagletError("--endpoint needs --concurrency N or --request-rate R (or both)")
 
 
+# `train --recipe NAME`: the flags a recipe sets where the command line does not. "chat": the one command
+# that made the shipped SmolLM2 draft (docs/training.md, session 13), for instruction-tuned targets (the
+# Magpie prompts need a chat template); --time-budget-min and the batch sizes stay the user's.
+RECIPES: dict[str, dict[str, object]] = {
+    "chat": {"answers": (0.0, 0.7), "max_samples": 16000, "self_prompts": 10000, "self_prompt_openers": 0.5,
+             "follow_ups": 0.0, "max_new_tokens": 256, "epochs": 6},
+}
 REGEN_CONCURRENCY = 32  # data regenerate --endpoint: requests in flight unless --concurrency says
 DEFAULT_MAX_BATCH = 8  # serve: rows decoded together, when neither --max-batch nor --batch-sizes says
 

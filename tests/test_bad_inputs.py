@@ -137,6 +137,8 @@ CASES = [  # (id, argv, words the message must hold)
     ("train-decay-1.5", [*TRAIN, "--decay", "1.5"], ["--decay"]),
     ("train-grad-clip-0", [*TRAIN, "--grad-clip", "0"], ["--grad-clip"]),
     ("train-batch-tokens-8", [*TRAIN, "--batch-tokens", "8"], ["--batch-tokens", ">= 16"]),
+    ("train-recipe-without-regenerate", [*TRAIN, "--recipe", "chat"], ["--recipe chat", "add --regenerate"]),
+    ("train-recipe-unknown", [*TRAIN, "--regenerate", "--recipe", "best"], ["--recipe", "'best'", "chat"]),
     ("train-val-fraction-1", [*TRAIN, "--val-fraction", "1"], ["--val-fraction", "[0, 1)"]),
     ("train-min-lr-ratio-2", [*TRAIN, "--min-lr-ratio", "2"], ["--min-lr-ratio"]),
     ("train-epochs-0", [*TRAIN, "--epochs", "0"], ["--epochs"]),

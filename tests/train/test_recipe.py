@@ -166,3 +166,22 @@ def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_targe
     clock = json.loads((tmp_path / "run" / "clock.json").read_text())
     assert clock["seconds"] >= second and clock["stages"]["load"] > 0
     assert main(args) == 0 and elapsed[2][1] < 0.5  # without a budget no clock is read
+
+
+def test_a_named_recipe_sets_what_the_command_line_leaves_out(tmp_path, monkeypatch, capsys):
+    from eaglet.commands import COMMANDS
+
+    seen = []
+    monkeypatch.setitem(COMMANDS, "train", lambda opts: seen.append(opts) or 0)
+    base = ["train", "--data", "builtin", "--out", str(tmp_path / "run"), "--regenerate", "--recipe", "chat"]
+    assert main(base) == 0
+    regen, cfg = seen[-1].regen, seen[-1].train
+    assert (regen.answers, regen.max_samples, regen.self_prompts, regen.self_prompt_openers, regen.follow_ups,
+            regen.max_new_tokens, cfg.epochs) == ((0.0, 0.7), 16000, 10000, 0.5, 0.0, 256, 6)
+    # A flag given wins, also abbreviated or at the default's own value.
+    assert main([*base, "--epoch", "1", "--max-new-tokens=128", "--answers", "greedy"]) == 0
+    regen, cfg = seen[-1].regen, seen[-1].train
+    assert (cfg.epochs, regen.max_new_tokens, regen.answers, regen.self_prompts) == (1, 128, (0.0,), 10000)
+    # Without --regenerate it has nothing to set the data of: one sentence, exit 2, nothing run.
+    assert main([*base[:5], "--recipe", "chat"]) == 2 and len(seen) == 2
+    assert "--recipe chat sets the data --regenerate writes" in capsys.readouterr().err
