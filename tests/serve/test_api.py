@@ -90,7 +90,10 @@ def test_stream_interval_gathers_tokens_into_fewer_chunks(served):
     finally:
         served.scheduler.stream_interval = 1
     assert "".join(every) == "".join(gathered) == want.choices[0].message.content
-    assert len(gathered) <= 1 + 8 < len(every)  # the random draft is mostly rejected: a token or two a step
+    # The random draft is mostly rejected (a token or two a step), so ungathered the 30 tokens take far more
+    # than 9 chunks; how many exactly depends on how far the HTTP thread lags the engine (a loaded CI machine
+    # merged them into 4), so only the gathered bound is asserted.
+    assert len(gathered) <= 1 + 8
 
 
 def test_text_completions_streaming_and_not(served):
