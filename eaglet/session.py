@@ -276,17 +276,25 @@ def bucket_size(n: int, graphs: bool) -> int:
     return 1 << (n - 1).bit_length() if graphs else n
 
 
+def admission_size(lengths: list[int], max_tokens: int | None) -> int:
+    """How many of the prompts of ``lengths`` (in order) one admission takes: all of them, halved while they
+    pad to more than ``max_tokens`` (rows x the longest; None: no bound), at least one. An eager prefill's
+    attention scores grow with the rows times the longest prompt squared."""
+    n = len(lengths)
+    while max_tokens and n > 1 and n * max(lengths[:n]) > max_tokens:
+        n //= 2
+    return n
+
+
 def decode_all(session: Session, prompts: list[list[int]], params: SamplingParams,
                on_token: Callable[[int, int], None] | None = None,
                prefill_tokens: int | None = None) -> list[Completion]:
     """Admit every prompt (rows 0..n-1) and step until all are done; ``on_token(row, token)`` streams.
-    ``prefill_tokens``: admit in parts of rows in order, halved while one pads to more tokens than this."""
+    ``prefill_tokens``: admit in parts of rows in order (``admission_size``)."""
     start = time.perf_counter()
     news, lo = {}, 0
     while lo < len(prompts):
-        n = len(prompts) - lo
-        while prefill_tokens and n > 1 and n * max(map(len, prompts[lo: lo + n])) > prefill_tokens:
-            n //= 2
+        n = admission_size([len(p) for p in prompts[lo:]], prefill_tokens)
         news.update(enumerate(session.admit(lo, prompts[lo: lo + n], params), lo))
         lo += n
     while True:

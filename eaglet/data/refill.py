@@ -34,7 +34,7 @@ from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator
 from eaglet.loading.target import Target
 from eaglet.sampling import SamplingParams
-from eaglet.session import Draws, Session, bucket_size
+from eaglet.session import Draws, Session, admission_size, bucket_size
 
 CAPACITY_STEP = 256  # the KV capacity is rounded up to this
 ADMIT_WAIT = 16  # admit once batch/ADMIT_WAIT rows are free (or none runs): fewer, larger prefills
@@ -200,9 +200,7 @@ def _admit(session: Session, queue: deque, owner: dict[int, Job], params: Sampli
     PREFILL_TOKENS)."""
     free = session.free_rows()
     while free and queue:
-        n = min(len(free), len(queue))
-        while n > 1 and n * max(len(queue[i].prompt) for i in range(n)) > PREFILL_TOKENS:
-            n //= 2
+        n = admission_size([len(queue[i].prompt) for i in range(min(len(free), len(queue)))], PREFILL_TOKENS)
         take, rows, free = [queue.popleft() for _ in range(n)], free[:n], free[n:]
         session.admit(rows, [j.prompt for j in take], params, [Draws(j.seed, j.temperature) for j in take])
         owner.update(zip(rows, take))
