@@ -32,7 +32,8 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -119,55 +120,62 @@ def write_turns(target: Target, jobs: list[Conversation], out: Path, cfg: TurnCo
     # (a generator per batch's longest context, each keeping its cache, ran an H200 out of memory), its
     # admissions prefilled in parts of PREFILL_TOKENS padded tokens (one forward of 512 rows of second-turn
     # contexts asked 21.96 GiB for attention scores), and released before the next stage sizes its own.
-    gen = generator_for(target, max(map(len, ids.values())), cfg.max_new_tokens)
-    try:
+    kept = 0
+    bar = tqdm(total=len(pending), desc=kind, unit="turn", disable=not progress, dynamic_ncols=True)
+    with _released(generator_for(target, max(map(len, ids.values())), cfg.max_new_tokens)) as gen, \
+            open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
         rows = rows_fitting(target, gen.capacity, min(cfg.batch_size, len(pending)))  # a short stage: its own rows
-        kept = 0
-        bar = tqdm(total=len(pending), desc=kind, unit="turn", disable=not progress, dynamic_ncols=True)
-        with open(out, "a", encoding="utf-8") as fh, stop_on_signal("batch") as stop:
-            for lo in range(0, len(jobs), rows):
-                first = jobs[lo].id
-                batch = [c for c in jobs[lo: lo + rows] if c.id not in done]
-                if not batch:
-                    continue
-                if stop:
-                    bar.close()
-                    raise Interrupted(f"{kept} user turns were added to {out} this run; run the same command again "
-                                      "to resume")
-                if stop_when is not None and stop_when():
-                    break
-                fits = [c for c in batch if len(ids[c.id]) < gen.capacity]  # others are too long to continue
-                written = gen.generate([ids[c.id] for c in fits], replace(cfg.params(), seed=zlib.crc32(
-                    f"{cfg.seed}:{first}".encode())), batch=rows, prefill_tokens=PREFILL_TOKENS) if fits else []
-                outs = dict(zip((c.id for c in fits), written))
-                lines = []
-                for c in batch:
-                    o, head = outs.get(c.id), heads[c.id]
-                    text = (head + tok.decode(o.tokens, skip_special_tokens=True)).strip() if o is not None else ""
-                    why = ("too long to continue" if o is None else "cut at max_new_tokens" if o.finish_reason != "stop"
-                           else "length" if not cfg.min_chars <= len(text) <= cfg.max_chars
-                           else "duplicate" if dedupe and _key(text) in seen else None)
-                    if why is not None:
-                        lines.append(json.dumps({"id": c.id, "dropped": why}) + "\n")
-                        continue
-                    seen.add(_key(text))
-                    kept += 1
-                    rec = {"id": c.id, "messages": [*c.messages, {"role": "user", "content": text}], "split": c.split,
-                           "source": c.source}
-                    if c.target_turns:
-                        rec["target_turns"] = c.target_turns
-                    lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
-                fh.write("".join(lines))
-                fh.flush()
-                os.fsync(fh.fileno())
-                bar.update(len(batch))
-            if stop:  # asked during the last batch, which is saved: stop here, not in a later stage
+        for lo in range(0, len(jobs), rows):
+            first = jobs[lo].id
+            batch = [c for c in jobs[lo: lo + rows] if c.id not in done]
+            if not batch:
+                continue
+            if stop:
                 bar.close()
                 raise Interrupted(f"{kept} user turns were added to {out} this run; run the same command again "
                                   "to resume")
-        bar.close()
-        return kept
-    finally:  # the next stage sizes its rows from the memory free then: this stage's cache must be gone
+            if stop_when is not None and stop_when():
+                break
+            fits = [c for c in batch if len(ids[c.id]) < gen.capacity]  # others are too long to continue
+            written = gen.generate([ids[c.id] for c in fits], replace(cfg.params(), seed=zlib.crc32(
+                f"{cfg.seed}:{first}".encode())), batch=rows, prefill_tokens=PREFILL_TOKENS) if fits else []
+            outs = dict(zip((c.id for c in fits), written))
+            lines = []
+            for c in batch:
+                o, head = outs.get(c.id), heads[c.id]
+                text = (head + tok.decode(o.tokens, skip_special_tokens=True)).strip() if o is not None else ""
+                why = ("too long to continue" if o is None else "cut at max_new_tokens" if o.finish_reason != "stop"
+                       else "length" if not cfg.min_chars <= len(text) <= cfg.max_chars
+                       else "duplicate" if dedupe and _key(text) in seen else None)
+                if why is not None:
+                    lines.append(json.dumps({"id": c.id, "dropped": why}) + "\n")
+                    continue
+                seen.add(_key(text))
+                kept += 1
+                rec = {"id": c.id, "messages": [*c.messages, {"role": "user", "content": text}], "split": c.split,
+                       "source": c.source}
+                if c.target_turns:
+                    rec["target_turns"] = c.target_turns
+                lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+            fh.write("".join(lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+            bar.update(len(batch))
+        if stop:  # asked during the last batch, which is saved: stop here, not in a later stage
+            bar.close()
+            raise Interrupted(f"{kept} user turns were added to {out} this run; run the same command again "
+                              "to resume")
+    bar.close()
+    return kept
+
+
+@contextmanager
+def _released(gen: PlainGenerator) -> Iterator[PlainGenerator]:
+    """``gen`` for one stage, then its caches dropped and the memory handed back: the next stage sizes its rows
+    from the memory free then."""
+    try:
+        yield gen
+    finally:
         gen.release()
         release_memory()
 
