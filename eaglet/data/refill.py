@@ -182,12 +182,11 @@ class Refill:
 
     def trim(self) -> None:
         """Free the sessions' admission scratch caches (``Landing``: one per power-of-two count of rows, grown
-        to the longest prompt each held; allocated again on need) and hand the memory back, so that a stage
-        sizing a cache of its own beside this one counts that memory. The sessions' caches, which their
-        captured steps read, stay."""
+        to the longest prompt each held; allocated again on need), so that a stage sizing a cache of its own
+        beside this one counts that memory (``rows_fitting`` hands the freed blocks back before it reads the
+        free memory). The sessions' caches, which their captured steps read, stay."""
         for session in self.sessions.values():
             session.landing.scratch.clear()
-        release_memory()
 
     def _session(self, batch: int) -> Session:
         if batch not in self.sessions:
