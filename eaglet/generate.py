@@ -33,6 +33,14 @@ class Completion:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
 
 
+# Slots every target cache carries past the context. The speculative engine writes its drafted
+# tree there (scratch past the committed text); plain decoding carries them too, so a plain cache
+# and the engine's have one geometry: the same compiled step serves both (the engine's fallback is
+# plain decoding's step, and a process running both compiles it once, the second a cache hit).
+# At least the default trees' margin (6,8,48: 48 slots); a larger tree gives the engine a larger cache.
+TREE_SLACK = 64
+
+
 def context_size(target: Target, max_context: int | None) -> int:
     """The KV capacity: --max-context, else the model's window capped at 4096."""
     window = target.config.context_window
@@ -262,7 +270,7 @@ class PlainGenerator:
 
     def _cache(self, batch: int):
         if batch not in self._caches:
-            self._caches[batch] = self.target.model.new_cache(batch, self.capacity)
+            self._caches[batch] = self.target.model.new_cache(batch, self.capacity + TREE_SLACK)
         cache = self._caches[batch]
         cache.reset()
         return cache

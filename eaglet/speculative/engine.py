@@ -38,7 +38,8 @@ import torch
 
 from eaglet.cuda_graph import GraphedStep, compiled, idle
 from eaglet.errors import EagletError
-from eaglet.generate import CHUNK_STEPS, Completion, DecodeChunks, context_size, decode_step, target_prefills
+from eaglet.generate import (CHUNK_STEPS, TREE_SLACK, Completion, DecodeChunks, context_size, decode_step,
+                             target_prefills)
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
@@ -234,7 +235,7 @@ class SpecEngine:
 
     def _cache(self, batch: int):
         if batch not in self._caches:
-            cap = self.capacity + self._margin(batch)
+            cap = self.capacity + max(TREE_SLACK, self._margin(batch))  # plain decoding's geometry
             dtype = self.target.model.embed.weight.dtype
             self._caches[batch] = (self.target.model.new_cache(batch, cap), self.draft.new_cache(batch, cap),
                                    _State(batch, self.draft.config.hidden_size, dtype, self.device))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglet.errors import EagletError
-from eaglet.generate import PlainGenerator
+from eaglet.generate import TREE_SLACK, PlainGenerator
 from eaglet.sampling import SamplingParams
 from eaglet.speculative import SpecEngine
 from eaglet.speculative.drafting import draft_prefill
@@ -354,3 +354,22 @@ def test_a_row_reaching_the_context_commits_no_further(agreeing, tree, static, s
     out = eng.generate(prompts, params)
     assert [o.tokens for o in out] == alone and len(out[0].tokens) == ctx - plen
     assert int(eng._caches[2][0].lens.max()) <= ctx
+
+
+def test_fallback_shares_plain_decodings_geometry(agreeing):
+    """The engine's target cache is PlainGenerator's (context + TREE_SLACK) for every tree of the default
+    ladders, so its fallback step has plain decoding's shapes (one compile serves both); a tree whose margin
+    exceeds the slack gets a larger cache, not a wrong one."""
+    target, draft = agreeing
+    plain = PlainGenerator(target, CONTEXT)
+    plain.generate(prompts_of([5]), SamplingParams(max_new_tokens=2))
+    for device, batch in (("cuda", 1), ("cpu", 1), ("cuda", 64)):
+        eng = SpecEngine(target, draft, CONTEXT, log=lambda _: None)
+        eng.policy.device_type = device
+        tcache, dcache, _ = eng._cache(batch)
+        assert tcache.capacity == plain._caches[1].capacity == CONTEXT + TREE_SLACK
+        assert dcache.capacity == tcache.capacity
+    big = SpecEngine(target, draft, CONTEXT, 2, 40, TREE_SLACK + 16, adaptive=False, log=lambda _: None)
+    assert big._cache(1)[0].capacity == CONTEXT + TREE_SLACK + 16
+    out = big.generate(prompts_of([5]), SamplingParams(max_new_tokens=8))
+    assert out[0].tokens == plain.generate(prompts_of([5]), SamplingParams(max_new_tokens=8))[0].tokens
