@@ -38,8 +38,15 @@ import torch
 
 from eaglet.cuda_graph import GraphedStep, compiled, idle
 from eaglet.errors import EagletError
-from eaglet.generate import (CHUNK_STEPS, TREE_SLACK, Completion, DecodeChunks, context_size, decode_step,
-                             target_prefills)
+from eaglet.generate import (
+    CHUNK_STEPS,
+    TREE_SLACK,
+    Completion,
+    DecodeChunks,
+    context_size,
+    decode_step,
+    target_prefills,
+)
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import TPGroup, broadcast_from_rank0
