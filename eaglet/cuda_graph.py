@@ -27,11 +27,20 @@ def persistent_compile_cache() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
+# Compiles of one function eaglet allows in a process. Each is deliberate (a shape: batch size, tree,
+# sampling rule, cache size), and dynamo's default of 8 per function failed the ninth (fullgraph): a
+# server's seven batch sizes plus two sampling rules, or the stages of one training run.
+RECOMPILE_LIMIT = 1024
+
+
 def compiled(fn: Callable, what: str, **options) -> Callable:
     """``torch.compile(fn, **options)``, saying on stderr what compiles and, after its first call (where
     torch compiles), how long that took: on a GPU the first use of a batch size costs minutes, and whoever
     waits should see which step they go to."""
     persistent_compile_cache()
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     print(f"eaglet: compiling {what} (first use at this batch size)", file=sys.stderr)
     fn = torch.compile(fn, **options)
     first = True

@@ -73,3 +73,22 @@ def test_sampling_at_a_uniform_follows_the_distribution_and_keeps_its_cuts():
     # token (in vocabulary order) the top-k cut keeps, never one it cut.
     edge = sample_at(logits[:3], torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0.99, 0.0, 1 - 1e-16]), p)
     assert edge.tolist() == [4, 0, 4]
+
+
+def test_one_function_compiles_at_more_shapes_than_dynamos_default_limit(tmp_path, monkeypatch):
+    """Each batch size, tree and sampling rule compiles a step of its own: a server's seven batch sizes and
+    two sampling rules pass dynamo's default of 8 compiles per function, which failed the ninth (fullgraph)."""
+    import torch
+
+    from eaglet.cuda_graph import compiled
+
+    monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+
+    def triple(x):
+        return x * 3
+
+    for n in range(1, 13):
+        step = compiled(triple, f"the tripling for batch {n}", backend="eager", fullgraph=True, dynamic=False)
+        assert step(torch.arange(n)).tolist() == [3 * i for i in range(n)]
