@@ -10,6 +10,12 @@ replays after warm-up; every row inactive, so nothing is committed):
   growth; growth + verify + greedy acceptance), whose differences give the phases;
 - the whole call as the engine makes it (replay, pinned copy, synchronisation): the host gap.
 Prints one JSON line per (batch, tree) and a table last.
+
+``--dynamic`` compiles with torch's automatic dynamic shapes instead of one static compile per batch
+size: the first batch size compiles static, the second marks the sizes that changed (the batch)
+symbolic, and later batch sizes reuse that compile (only the CUDA graph is captured per size). An
+experiment: compile seconds and step costs per batch against the default, each mode in its own
+process with its own TORCHINDUCTOR_CACHE_DIR (the persistent cache would hide a cold compile).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 import torch
 
 from eaglet.capture import CaptureSpec
-from eaglet.cuda_graph import GraphedStep
+from eaglet.cuda_graph import GraphedStep, compiled
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.sampling import SamplingParams, sample
 from eaglet.speculative import SpecEngine
@@ -73,7 +79,16 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=300, help="committed tokens before timing")
     ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
     ap.add_argument("--out", default=None, help="write the JSON lines here too")
+    ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
     a = ap.parse_args()
+    if a.dynamic:
+        import eaglet.generate
+        import eaglet.speculative.engine
+
+        def automatic(fn, what, **options):
+            return compiled(fn, what, **{**options, "dynamic": None})
+
+        eaglet.generate.compiled = eaglet.speculative.engine.compiled = automatic
     target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
     draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), a.draft_vocab))
@@ -105,7 +120,7 @@ def main() -> None:
             with state.idle():
                 full = cuda_ms(it._run)
             call = eng._measure(lambda: it(None), state) * 1e3  # noqa: B023 (called at once)
-            row = {"shape": a.shape, "batch": b, "tree": tree.describe(), "plain_ms": plain,
+            row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(), "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
             if a.phases:
