@@ -28,12 +28,14 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg, tp) if layer in cfg.moe_layers else MLP(cfg, tp)
 
-    def forward(self, h, cos, sin, meta, cache):
+    def forward(self, h, delta, cos, sin, meta, cache):
+        """The pair protocol of ``llama.DecoderLayer.forward``: the previous MLP's output is added first."""
         # Each residual add follows its all-reduce (inside o, and the MoE's single reduce of
-        # routed + shared experts), so ``h`` leaving the layer, the next capture point, is
-        # the complete residual stream on every rank.
+        # routed + shared experts), so ``h + delta``, the next capture point, is the complete
+        # residual stream on every rank.
+        h = h + delta
         h = h + self.attn(self.input_norm(h), cos, sin, meta, cache)
-        return h + self.mlp(self.post_norm(h))
+        return h, self.mlp(self.post_norm(h))
 
 
 class DeepseekTransformer(Transformer):

@@ -70,12 +70,17 @@ class DecoderLayer(nn.Module):
     # Traced and compiled once, reused by every layer: compiling a 30-layer step took ~36 s
     # unrolled and ~10 s this way (2-core CPU), with the same output. A no-op without compile.
     @torch.compiler.nested_compile_region
-    def forward(self, h, cos, sin, meta, cache):
-        # Residual adds happen after each all-reduce (inside o/down), so ``h`` is always
+    def forward(self, h, delta, cos, sin, meta, cache):
+        """(residual stream before the previous layer's MLP [B, T, H], that MLP's output [B, T, H]) -> the
+        same pair for this layer. The MLP's output is added here, where the add fuses with this layer's
+        first norm: the compiled region is a fusion boundary, so added at the end of the layer it was
+        a kernel of its own in every layer (``Transformer.forward`` adds the last one)."""
+        # Residual adds happen after each all-reduce (inside o/down), so ``h + delta`` is always
         # the complete residual stream on every rank: the capture contract relies on it.
         # If a fused or deferred all-reduce is ever introduced, capture must move after it.
+        h = h + delta
         h = h + self.attn(self.input_norm(h), cos, sin, meta, cache)
-        return h + self.mlp(self.post_norm(h))
+        return h, self.mlp(self.post_norm(h))
 
 
 class Transformer(nn.Module):
@@ -120,11 +125,13 @@ class Transformer(nn.Module):
             # is a side effect torch.compile refuses, which kept SDPA's paths (the CPU, long prefills) eager.
             meta.dense_mask()
         h = self.embed(ids)  # [B, T, H]
+        delta = torch.zeros_like(h)  # the MLP output each layer adds first (DecoderLayer.forward)
         points: dict[int, torch.Tensor] = {}
         for j, layer in enumerate(self.layers):
             if j in capture:
-                points[j] = h
-            h = layer(h, cos, sin, meta, cache)
+                points[j] = h + delta
+            h, delta = layer(h, delta, cos, sin, meta, cache)
+        h = h + delta
         if self.cfg.num_layers in capture:
             points[self.cfg.num_layers] = h
         aux = torch.cat([points[p] for p in capture], dim=-1) if capture else None

@@ -77,9 +77,9 @@ def _defer_reduce(model, layer: int) -> None:
     moe.tp = SINGLE  # no all-reduce at the end of the MoE
     moe.register_forward_hook(lambda _m, _args, out: pending.__setitem__("partial", out.clone()))
 
-    def complete(_m, args):
+    def complete(_m, args):  # args: (h, delta = the MoE's output, ...): see DecoderLayer.forward
         part = pending.pop("partial")
-        return (args[0] - part + model.tp.all_reduce(part.clone()), *args[1:])
+        return (args[0], args[1] - part + model.tp.all_reduce(part.clone()), *args[2:])
 
     model.layers[layer + 1].register_forward_pre_hook(complete)
 
