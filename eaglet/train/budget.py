@@ -8,9 +8,10 @@ Regeneration runs first and keeps adding answers while the time left can still t
 ``tokens`` are the prompt and answer tokens of the records written so far (earlier runs
 included); ``padding`` (1.08) is padded over real tokens of length-bucketed batches and
 ``train_tokens_per_s`` the padded tokens training gets through per second, validation every
-250 steps and checkpoints included, both measured in the one-command run that made the
-shipped SmolLM2 draft (58.5M padded tokens for 4 passes over 13.5M tokens, 3,360 steps at
-0.162 s on one H200: 107k/s); pass your own for another GPU or target. ``reserve`` covers
+250 steps and checkpoints included, both measured in the one-command runs that made SmolLM2 drafts on
+one H200 (session 9's: 107k/s with a draft vocabulary of 12,288; session 13's, shipped: 6 passes over
+10.0M tokens in 661 s, 3,714 steps at 0.178 s with the vocabulary of 24,576, now the default: 98k/s);
+pass your own for another GPU or target. ``reserve`` covers
 tokenizing, the final validation and the export (60 s + 5% of the budget). Training then
 gets whatever is left and stops in time to validate and export; if the estimate was
 optimistic, the learning rate has still decayed by the clock (``trainer.lr_at``).
@@ -34,7 +35,7 @@ from pathlib import Path
 from eaglet.outputs import write_atomic
 
 PADDING = 1.08  # padded / real training tokens, length-bucketed batches (shipped SmolLM2 run)
-H200_SMOLLM2_TRAIN_TOKENS_PER_S = 107_000.0  # padded tokens per second, 7 TTT steps, bf16 (shipped run)
+H200_SMOLLM2_TRAIN_TOKENS_PER_S = 98_000.0  # padded tokens per second, 7 TTT steps, bf16 (shipped run)
 DONE_NAME = "regenerated.done.json"
 CLOCK_NAME = "clock.json"  # seconds the earlier pieces of a budgeted run spent, in all and per stage (``spent``)
 
