@@ -74,6 +74,11 @@ def _tree_attention(Q, K, V, Out, Lens, Extra,
              out.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
+# An opaque operator to torch.compile, not a Triton kernel it traces into: a traced kernel is named in the
+# compiled graph by indices into a process-local side table, assigned in the order kernels are traced, and
+# the persistent compile cache missed in later processes that compiled in another order (docs/performance.md,
+# session 14). Under CUDA graphs the operator costs nothing at replay; inductor never fused the kernel anyway.
+@torch.library.custom_op("eaglet::tree_attention", mutates_args=(), device_types="cuda")
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
                    extra: torch.Tensor) -> torch.Tensor:
     """q [B, T, nq, D]; k/v_cache [B, nkv, S, D]; lens [B]; extra [B, T, E] bool -> [B, T, nq, D]."""
@@ -94,3 +99,9 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         NKV=nkv, G=g, D=d, BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, PREC=prec, num_warps=4,
     )
     return out
+
+
+@tree_attention.register_fake
+def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+      extra: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q)

@@ -46,3 +46,28 @@ def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens):
     ref = reference(q, k_cache, v_cache, lens, extra)
     assert torch.isfinite(out).all()
     assert ((out.double() - ref).norm() / ref.norm()).item() < tol
+
+
+def test_compiled_graph_calls_the_kernel_as_one_opaque_operator():
+    """Under torch.compile the kernel is the operator ``eaglet::tree_attention`` (so a compiled graph names no
+    process-local kernel index, which kept the persistent compile cache from hitting), with the eager result."""
+    from eaglet.models.tree_attention import tree_attention
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(2, 4, 9, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(2, 3, 256, 64, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    lens, extra = torch.tensor([17, 100], device="cuda"), torch.ones(2, 4, 4, dtype=torch.bool, device="cuda")
+    seen = []
+
+    def backend(gm, inputs):
+        seen.append(gm.code)
+        return gm
+
+    def fn(q, k, v, lens, extra):
+        return tree_attention(q * 2, k, v, lens, extra) + 1
+
+    out = torch.compile(fn, backend=backend, fullgraph=True)(q, k_cache, v_cache, lens, extra)
+    assert "eaglet.tree_attention" in seen[0] and "kernel_idx" not in seen[0]
+    assert torch.equal(out, fn(q, k_cache, v_cache, lens, extra))
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False)(q, k_cache, v_cache, lens, extra)
+    assert ((compiled.float() - out.float()).abs().max()).item() < 0.05
