@@ -25,6 +25,9 @@ from eaglet.kv_cache import AttnMeta, KVCache
 IMPL = "auto"
 GROUPED_MAX_QUERIES = 128
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON and torch.cuda.is_available():
+    # Registers the kernel's operator (eaglet::tree_attention) now, not first inside a traced forward.
+    import eaglet.models.tree_attention  # noqa: F401
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
