@@ -29,7 +29,7 @@ def persistent_compile_cache() -> None:
 
 # Compiles of one function eaglet allows in a process. Each is deliberate (a shape: batch size, tree,
 # sampling rule, cache size), and dynamo's default of 8 per function failed the ninth (fullgraph): a
-# server's seven batch sizes plus two sampling rules, or the stages of one training run.
+# server's batch sizes (seven up to --max-batch 64) plus sampling rules, or one training run's stages.
 RECOMPILE_LIMIT = 1024
 
 
