@@ -32,6 +32,9 @@ def persistent_compile_cache() -> None:
 # server's batch sizes (seven up to --max-batch 64) plus sampling rules, or one training run's stages.
 RECOMPILE_LIMIT = 1024
 
+# (what, seconds) of every first call of a compiled step in this process, in order: ``bench`` reports them.
+COMPILES: list[tuple[str, float]] = []
+
 
 def compiled(fn: Callable, what: str, **options) -> Callable:
     """``torch.compile(fn, **options)``, saying on stderr what compiles and, after its first call (where
@@ -52,7 +55,9 @@ def compiled(fn: Callable, what: str, **options) -> Callable:
         first = False
         t0 = time.perf_counter()
         out = fn(*args)
-        print(f"eaglet: compiled {what} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        seconds = time.perf_counter() - t0
+        COMPILES.append((what, round(seconds, 2)))
+        print(f"eaglet: compiled {what} in {seconds:.1f} s", file=sys.stderr)
         return out
 
     return call

@@ -45,16 +45,18 @@ def test_compile_cache_lives_under_eaglets_cache(monkeypatch, tmp_path):
 def test_a_compiled_step_says_what_it_compiles_and_how_long_its_first_call_took(monkeypatch, tmp_path, capsys):
     import torch
 
-    from eaglet.cuda_graph import compiled
+    from eaglet.cuda_graph import COMPILES, compiled
 
     monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    before = len(COMPILES)
     double = compiled(lambda x: x * 2, "the doubling for batch 3", backend="eager", dynamic=False)
     assert "compiling the doubling for batch 3" in capsys.readouterr().err
     x = torch.arange(3)
     assert double(x).tolist() == [0, 2, 4] and double(x + 1).tolist() == [2, 4, 6]
     err = capsys.readouterr().err
     assert err.count("compiled the doubling for batch 3 in ") == 1  # the first call only: later ones are the step's
+    assert [w for w, _ in COMPILES[before:]] == ["the doubling for batch 3"]  # what bench reports as compiles_s
 
 def test_sampling_at_a_uniform_follows_the_distribution_and_keeps_its_cuts():
     import torch

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from eaglet.bench.methods import HFRunner, Run, run_ours
 from eaglet.bench.prompts import load_prompt_sets
 from eaglet.bench.report import build_report, table, write_json, write_png
+from eaglet.cuda_graph import COMPILES
 from eaglet.errors import EagletError
 from eaglet.options import BenchConfig, SamplingParams
 
@@ -110,6 +111,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
     warm = replace(params, max_new_tokens=min(WARMUP_TOKENS, params.max_new_tokens))
     shapes = replace(params, max_new_tokens=min(SHAPE_PASS_TOKENS, params.max_new_tokens))
     warm_up_s = {}  # first use of the batch size (compiling, capturing) and the shape pass, per method
+    compiles_before = len(COMPILES)  # the compiles this run makes, each with its seconds (CUDA: the first uses)
     for m in cfg.methods:
         log_(f"{m}: warm-up")
         t0 = time.perf_counter()
@@ -150,6 +152,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),
         "warm_up_s": warm_up_s,
+        "compiles_s": [{"what": w, "seconds": sec} for w, sec in COMPILES[compiles_before:]],
         "gpu": torch.cuda.get_device_name() if torch.device(t.device).type == "cuda" else None,
         "hf_lookup_batch_size": 1 if "hf-lookup" in cfg.methods else None,
     }
