@@ -19,7 +19,6 @@ class Given(argparse.Action):
         namespace.given = getattr(namespace, "given", set()) | {self.dest}
 
 
-
 def apply_recipe(args: argparse.Namespace) -> None:
     """``train --recipe NAME``: the recipe's value for each of its flags the command line did not give."""
     if not args.regenerate:
@@ -28,6 +27,7 @@ def apply_recipe(args: argparse.Namespace) -> None:
     for dest, value in options.RECIPES[args.recipe].items():
         if dest not in getattr(args, "given", set()):
             setattr(args, dest, value)
+
 
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     rc = options.RegenConfig

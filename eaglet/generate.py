@@ -41,6 +41,11 @@ class Completion:
 TREE_SLACK = 64
 
 
+def cache_slots(context: int, margin: int = 0) -> int:
+    """Slots of a target cache for ``context`` tokens: TREE_SLACK past them, or a larger tree's ``margin``."""
+    return context + max(TREE_SLACK, margin)
+
+
 def context_size(target: Target, max_context: int | None) -> int:
     """The KV capacity: --max-context, else the model's window capped at 4096."""
     window = target.config.context_window
@@ -270,7 +275,7 @@ class PlainGenerator:
 
     def _cache(self, batch: int):
         if batch not in self._caches:
-            self._caches[batch] = self.target.model.new_cache(batch, self.capacity + TREE_SLACK)
+            self._caches[batch] = self.target.model.new_cache(batch, cache_slots(self.capacity))
         cache = self._caches[batch]
         cache.reset()
         return cache

@@ -31,7 +31,7 @@ import torch
 
 from eaglet.data.prompts import Conversation, note
 from eaglet.errors import EagletError
-from eaglet.generate import TREE_SLACK, PlainGenerator
+from eaglet.generate import PlainGenerator, cache_slots
 from eaglet.loading.target import Target
 from eaglet.sampling import SamplingParams
 from eaglet.session import Draws, Session, admission_size, bucket_size
@@ -99,8 +99,8 @@ def rows_fitting(target: Target, slots: int, most: int) -> int:
     device = target.model.embed.weight.device
     if device.type != "cuda":
         return most
-    # a PlainGenerator of capacity ``slots`` allocates TREE_SLACK slots more; + logits and softmax
-    per_row = target.model.new_cache(1, 1).nbytes() * (slots + TREE_SLACK) + 2 * 4 * target.config.vocab_size
+    # the cache a PlainGenerator of capacity ``slots`` allocates, + logits and softmax
+    per_row = target.model.new_cache(1, 1).nbytes() * cache_slots(slots) + 2 * 4 * target.config.vocab_size
     torch.cuda.empty_cache()
     free = torch.cuda.mem_get_info(device)[0] - prefill_reserve(target, slots)
     return min(most, fitting_rows(max(free, 0), per_row))

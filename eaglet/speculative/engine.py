@@ -40,9 +40,9 @@ from eaglet.cuda_graph import GraphedStep, compiled, idle
 from eaglet.errors import EagletError
 from eaglet.generate import (
     CHUNK_STEPS,
-    TREE_SLACK,
     Completion,
     DecodeChunks,
+    cache_slots,
     context_size,
     decode_step,
     target_prefills,
@@ -242,7 +242,7 @@ class SpecEngine:
 
     def _cache(self, batch: int):
         if batch not in self._caches:
-            cap = self.capacity + max(TREE_SLACK, self._margin(batch))  # plain decoding's geometry
+            cap = cache_slots(self.capacity, self._margin(batch))  # plain decoding's geometry
             dtype = self.target.model.embed.weight.dtype
             self._caches[batch] = (self.target.model.new_cache(batch, cap), self.draft.new_cache(batch, cap),
                                    _State(batch, self.draft.config.hidden_size, dtype, self.device))
