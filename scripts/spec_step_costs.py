@@ -52,6 +52,35 @@ def cuda_ms(fn, reps: int = 30) -> float:
     return start.elapsed_time(end) / reps
 
 
+def kernel_profile(fn, label: str, top: int, reps: int = 10) -> dict:
+    """Kernels of ``reps`` replays of ``fn`` (CUPTI sees the kernels inside a CUDA graph): how many a replay
+    launches, their summed GPU time against the replay's wall time (the rest is gaps between kernels), and
+    the ``top`` kernels by GPU time, printed as a table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        print(f"\n-- {label}: the profiler saw no kernels")
+        return {}
+    busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / reps
+    span_ms = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 1e3 / reps
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.time_range.elapsed_us() / 1e3 / reps)
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    print(f"\n-- {label}: {len(kernels) / reps:.0f} kernels a replay, {busy_ms:.3f} ms busy of {span_ms:.3f} ms")
+    for name, times in ranked[:top]:
+        print(f"{sum(times):8.4f} ms {len(times) / reps:6.1f}x  {name[:110]}")
+    return {"kernels": len(kernels) / reps, "busy_ms": busy_ms, "span_ms": span_ms}
+
+
 def prefix_graph(eng: SpecEngine, batch: int, cfg: TreeConfig, upto: str) -> GraphedStep:
     """The iteration up to ``upto`` ('grow' or 'verify'), compiled and graphed; touches scratch slots only."""
     tc, dc, state = eng._caches[batch]
@@ -80,6 +109,8 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
     ap.add_argument("--out", default=None, help="write the JSON lines here too")
     ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile the plain step and each iteration: kernel count, busy time, the N costliest")
     a = ap.parse_args()
     if a.dynamic:
         import eaglet.generate
@@ -113,6 +144,8 @@ def main() -> None:
         step = eng._plain_step(tc)
         plain_compile = time.perf_counter() - t0
         plain = cuda_ms(lambda: step(state.roots.view(-1, 1)))  # noqa: B023 (called at once)
+        plain_prof = kernel_profile(lambda: step(state.roots.view(-1, 1)), f"plain, batch {b}",  # noqa: B023
+                                    a.profile) if a.profile else {}
         for tree in trees:
             t0 = time.perf_counter()
             it = eng._iteration(b, tree, greedy)
@@ -123,6 +156,11 @@ def main() -> None:
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(), "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
+            if a.profile:
+                with state.idle():
+                    prof = kernel_profile(it._run, f"{tree.describe()}, batch {b}", a.profile)
+                row.update({f"plain_{k}": v for k, v in plain_prof.items()})
+                row.update({f"iteration_{k}": v for k, v in prof.items()})
             if a.phases:
                 grow = cuda_ms(prefix_graph(eng, b, tree, "grow"))
                 upto_verify = cuda_ms(prefix_graph(eng, b, tree, "verify"))

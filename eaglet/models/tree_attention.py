@@ -21,14 +21,16 @@ MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefill
 
 
 @triton.jit
-def _tree_attention(Q, K, V, Out, Lens, Extra,
+def _tree_attention(Q, K, V, Out, Lens, Extra, Part, Stats,
                     sqb, sqt, sqh, skb, skh, sks, svb, svh, svs, sob, sot, soh, seb, set_,
                     T, E, QK_SCALE: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PREC: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PREC: tl.constexpr,
+                    SPLITS: tl.constexpr):
     pid_bh = tl.program_id(0)
     b = pid_bh // NKV
     kvh = pid_bh % NKV
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] row = token * G + head-in-group
+    split = tl.program_id(2)
     tok = rows // G
     head = kvh * G + rows % G
     row_ok = tok < T
@@ -41,9 +43,14 @@ def _tree_attention(Q, K, V, Out, Lens, Extra,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for start in range(0, lens, BLOCK_N):  # committed slots: every row sees them all
+    # This program's share of the committed slots: all of them, or with SPLITS > 1 one of SPLITS ranges of
+    # whole blocks (a range past ``lens`` is empty; the partial results are merged by _merge_splits).
+    share = tl.cdiv(tl.cdiv(lens, SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * share
+    hi = tl.minimum(lo + share, lens)
+    for start in range(lo, hi, BLOCK_N):  # committed slots: every row sees them all
         n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < lens
+        n_ok = n < hi
         k = tl.load(k_base + n[None, :] * sks + d[:, None], mask=n_ok[None, :], other=0.0)  # [D, N]
         s = tl.dot(q, k, input_precision=PREC) * QK_SCALE  # [M, N]
         s = tl.where(n_ok[None, :], s, float("-inf"))
@@ -54,9 +61,9 @@ def _tree_attention(Q, K, V, Out, Lens, Extra,
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-    # The new slots lens..lens+E-1, each visible where Extra says so.
+    # The new slots lens..lens+E-1, each visible where Extra says so (the last split's share).
     e = tl.arange(0, BLOCK_E)
-    e_ok = e < E
+    e_ok = e < tl.where(split == SPLITS - 1, E, 0)
     n = lens + e
     vis = tl.load(Extra + b * seb + tok[:, None] * set_ + e[None, :],
                   mask=row_ok[:, None] & e_ok[None, :], other=0) != 0  # [M, E]
@@ -69,9 +76,74 @@ def _tree_attention(Q, K, V, Out, Lens, Extra,
     v = tl.load(v_base + n[:, None] * svs + d[None, :], mask=e_ok[:, None], other=0.0)  # [E, D]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     l_i = l_i * alpha + tl.sum(p, 1)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(Out + b * sob + tok[:, None] * sot + head[:, None] * soh + d[None, :],
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(Out + b * sob + tok[:, None] * sot + head[:, None] * soh + d[None, :],
+                 out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:  # unnormalised: Part [SPLITS, B*T*NQ, D], Stats [2, SPLITS, B*T*NQ] (running max, sum)
+        r = (b * T + tok) * (NKV * G) + head  # [M] the output row
+        n_rows = tl.num_programs(0) * G * T
+        tl.store(Part + (split * n_rows + r[:, None]) * D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(Stats + split * n_rows + r, tl.where(l_i > 0, m_new, float("-inf")), mask=row_ok)
+        tl.store(Stats + (SPLITS + split) * n_rows + r, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(Part, Stats, Out, n_rows, T, NQ, sob, sot, soh,
+                  SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, D: tl.constexpr):
+    """One output row from its SPLITS partial results: rescale each to the common maximum, sum, divide."""
+    r = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < SPLITS
+    m = tl.load(Stats + s * n_rows + r, mask=s_ok, other=float("-inf"))  # [S]
+    l_s = tl.load(Stats + (SPLITS + s) * n_rows + r, mask=s_ok, other=0.0)
+    top = tl.max(m, 0)
+    w = tl.exp2(m - tl.where(top == float("-inf"), 0.0, top))  # [S] 0 where a split saw nothing
+    d = tl.arange(0, D)
+    acc = tl.load(Part + (s[:, None] * n_rows + r) * D + d[None, :], mask=s_ok[:, None], other=0.0)  # [S, D]
+    l_all = tl.sum(l_s * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(l_all > 0, l_all, 1.0)
+    b, tok, head = r // (T * NQ), (r // NQ) % T, r % NQ
+    tl.store(Out + b * sob + tok * sot + head * soh + d, out.to(Out.dtype.element_ty))
+
+
+def split_count(programs: int) -> int:
+    """How many ranges of the committed slots the kernel splits across programs, for ``programs`` (batch rows
+    x KV heads x row blocks) that would run otherwise. 1: one program walks every slot (default). A decode
+    step at batch 1 runs one program per KV head (SmolLM2: 3 of the H200's 132 SMs, 6.2 us a layer over
+    ~300 slots, session 15); splitting trades that walk for a second, merging kernel. Off until measured
+    on the GPU (``scripts/attention_micro.py``)."""
+    return 1
+
+
+def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+           extra: torch.Tensor, splits: int = 0) -> torch.Tensor:
+    """The kernel (and with ``splits`` > 1 the merge) on any tensors Triton runs on; 0: ``split_count``."""
+    b, t, nq, d = q.shape
+    nkv = k_cache.shape[1]
+    g = nq // nkv
+    e = extra.shape[-1]
+    out = torch.empty_like(q)
+    block_m = 16 if t * g <= 16 else 32
+    block_e = max(16, triton.next_power_of_2(e))
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    grid = (b * nkv, triton.cdiv(t * g, block_m))
+    splits = splits or split_count(grid[0] * grid[1])
+    n_rows = b * t * nq
+    # Scratch for the partial results (nothing when unsplit); under CUDA graphs it comes from the graph's pool.
+    part = torch.empty((splits, n_rows, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    stats = torch.empty((2, splits, n_rows) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    _tree_attention[(*grid, splits)](
+        q, k_cache, v_cache, out, lens, extra, part, stats,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        extra.stride(0), extra.stride(1), t, e, QK_SCALE=d ** -0.5 * 1.4426950408889634,  # exp2 domain
+        NKV=nkv, G=g, D=d, BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, PREC=prec, SPLITS=splits, num_warps=4,
+    )
+    if splits > 1:
+        _merge_splits[(n_rows,)](part, stats, out, n_rows, t, nq, out.stride(0), out.stride(1), out.stride(2),
+                                 SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), D=d, num_warps=1)
+    return out
 
 
 # An opaque operator to torch.compile, not a Triton kernel it traces into: a traced kernel is named in the
@@ -82,23 +154,7 @@ def _tree_attention(Q, K, V, Out, Lens, Extra,
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
                    extra: torch.Tensor) -> torch.Tensor:
     """q [B, T, nq, D]; k/v_cache [B, nkv, S, D]; lens [B]; extra [B, T, E] bool -> [B, T, nq, D]."""
-    b, t, nq, d = q.shape
-    nkv = k_cache.shape[1]
-    g = nq // nkv
-    e = extra.shape[-1]
-    out = torch.empty_like(q)
-    block_m = 16 if t * g <= 16 else 32
-    block_e = max(16, triton.next_power_of_2(e))
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    grid = (b * nkv, triton.cdiv(t * g, block_m))
-    _tree_attention[grid](
-        q, k_cache, v_cache, out, lens, extra,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        extra.stride(0), extra.stride(1), t, e, QK_SCALE=d ** -0.5 * 1.4426950408889634,  # exp2 domain
-        NKV=nkv, G=g, D=d, BLOCK_M=block_m, BLOCK_N=64, BLOCK_E=block_e, PREC=prec, num_warps=4,
-    )
-    return out
+    return launch(q, k_cache, v_cache, lens, extra)
 
 
 @tree_attention.register_fake

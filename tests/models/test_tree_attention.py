@@ -32,8 +32,11 @@ def reference(q, k_cache, v_cache, lens, extra):
     (3, 8, 4, 1, 128, 40, [0, 17, 64]),  # draft frontier over a scratch region
     (2, 100, 8, 8, 64, 100, [33, 2]),  # a short prefill
 ])
-def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens):
-    from eaglet.models.tree_attention import tree_attention
+@pytest.mark.parametrize("splits", [0, 3, 8])
+def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, splits):
+    """``splits``: 0 the operator as compiled steps call it; 3 and 8 the committed slots split across programs
+    and merged (float32 checked on the CPU in Triton's interpreter too, session 15)."""
+    from eaglet.models.tree_attention import launch, tree_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     s = 1024
@@ -42,7 +45,8 @@ def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens):
     lens = torch.tensor(lens, device="cuda")
     extra = torch.rand(b, t, e, device="cuda", generator=g) < 0.5
     extra[:, torch.arange(t), torch.arange(t).clamp(max=e - 1)] = True  # every query sees at least itself
-    out = tree_attention(q, k_cache, v_cache, lens, extra)
+    out = tree_attention(q, k_cache, v_cache, lens, extra) if splits == 0 else \
+        launch(q, k_cache, v_cache, lens, extra, splits)
     ref = reference(q, k_cache, v_cache, lens, extra)
     assert torch.isfinite(out).all()
     assert ((out.double() - ref).norm() / ref.norm()).item() < tol

@@ -8,7 +8,7 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.sampling import SamplingParams
 from eaglet.speculative.drafting import draft_prefill
-from eaglet.speculative.tree import TreeConfig, ancestor_mask, build_tree
+from eaglet.speculative.tree import TreeConfig, ancestor_mask, build_tree, top_k
 from eaglet.speculative.verify import prefill
 from tests.speculative.conftest import random_draft
 
@@ -171,3 +171,18 @@ def test_config_errors(values, match):
 def test_config_reachable():
     assert TreeConfig(3, 2, 11).reachable == 11 and TreeConfig(5, 1, 6).reachable == 6
     assert TreeConfig(1, 8, 9).region == 0 and TreeConfig(4, 3, 10).region == 9
+
+
+@pytest.mark.parametrize("k,chunk,v", [(1, None, 1000), (8, 64, 1024), (4, 128, 24576), (8, 64, 1000), (8, 64, 128)])
+def test_top_k_is_torch_topk(k, chunk, v):
+    """The two-stage top-k (and k = 1 as a max) gives torch.topk's values, largest first, and indices that hold
+    them; the last two cases (V not a multiple of the chunk, V too short) take torch.topk itself."""
+    g = torch.Generator().manual_seed(v + k)
+    x = torch.randn(3, 5, v, generator=g)  # distinct values: the indices are unique too
+    x[0, 0, :7] = float("-inf")  # a draft's zero-probability tokens
+    values, indices = top_k(x, k, chunk)
+    ref = x.topk(k, dim=-1)
+    assert values.shape == indices.shape == (3, 5, k)
+    assert torch.equal(values, ref.values)
+    assert torch.equal(indices, ref.indices)
+    assert torch.equal(x.gather(-1, indices), values)
