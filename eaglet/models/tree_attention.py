@@ -130,9 +130,12 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: 
     grid = (b * nkv, triton.cdiv(t * g, block_m))
     splits = splits or split_count(grid[0] * grid[1])
     n_rows = b * t * nq
-    # Scratch for the partial results (nothing when unsplit); under CUDA graphs it comes from the graph's pool.
-    part = torch.empty((splits, n_rows, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    stats = torch.empty((2, splits, n_rows) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    # Scratch for the partial results (under CUDA graphs from the graph's pool); unsplit, the kernel's code
+    # that writes it is compiled out and ``out`` stands in.
+    part, stats = out, out
+    if splits > 1:
+        part = torch.empty(splits, n_rows, d, dtype=torch.float32, device=q.device)
+        stats = torch.empty(2, splits, n_rows, dtype=torch.float32, device=q.device)
     _tree_attention[(*grid, splits)](
         q, k_cache, v_cache, out, lens, extra, part, stats,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
