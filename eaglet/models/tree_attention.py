@@ -112,7 +112,7 @@ def split_count(programs: int) -> int:
     x KV heads x row blocks) that would run otherwise. 1: one program walks every slot (default). A decode
     step at batch 1 runs one program per KV head (SmolLM2: 3 of the H200's 132 SMs, 6.2 us a layer over
     ~300 slots, session 15); splitting trades that walk for a second, merging kernel. Off until measured
-    on the GPU (``scripts/attention_micro.py``)."""
+    on the GPU (``scripts/kernel_micro.py``)."""
     return 1
 
 
