@@ -7,7 +7,7 @@ Each call is captured in a CUDA graph of 20 calls and replayed (CUDA events, med
 warm-up), so launch gaps are those of a captured step. Attention: SmolLM2's heads (9 query, 3 KV, head
 dim 64) and Llama-3.1-8B's (32, 8, 128), a decode token at batches 1, 4 and 16 and a 48-node verify at
 batch 1. GEMMs: each linear of both shapes (qkv, o, gate_up, down, the LM head) at 1, 4 and 8 rows.
-Nothing compiles: a run takes seconds. The tables say what ``tree_attention.split_count`` should follow
+Nothing compiles: a run takes seconds. The tables say where the attention operator should split
 and whether ``dense`` should take small_matmul by default.
 """
 

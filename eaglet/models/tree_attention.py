@@ -107,18 +107,13 @@ def _merge_splits(Part, Stats, Out, n_rows, T, NQ, sob, sot, soh,
     tl.store(Out + b * sob + tok * sot + head * soh + d, out.to(Out.dtype.element_ty))
 
 
-def split_count(programs: int) -> int:
-    """How many ranges of the committed slots the kernel splits across programs, for ``programs`` (batch rows
-    x KV heads x row blocks) that would run otherwise. 1: one program walks every slot (default). A decode
-    step at batch 1 runs one program per KV head (SmolLM2: 3 of the H200's 132 SMs, 6.2 us a layer over
-    ~300 slots, session 15); splitting trades that walk for a second, merging kernel. Off until measured
-    on the GPU (``scripts/kernel_micro.py``)."""
-    return 1
-
-
 def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
-           extra: torch.Tensor, splits: int = 0) -> torch.Tensor:
-    """The kernel (and with ``splits`` > 1 the merge) on any tensors Triton runs on; 0: ``split_count``."""
+           extra: torch.Tensor, splits: int = 1) -> torch.Tensor:
+    """The kernel on any tensors Triton runs on. ``splits`` > 1 splits the committed slots into that many
+    ranges across programs and merges the partial results in a second kernel: a decode step at batch 1
+    runs one program per KV head (SmolLM2: 3 of the H200's 132 SMs, 6.2 us a layer over ~300 slots,
+    session 15), which a split spreads. The operator below does not split until ``scripts/kernel_micro.py``
+    has shown on the GPU where it pays."""
     b, t, nq, d = q.shape
     nkv = k_cache.shape[1]
     g = nq // nkv
@@ -128,7 +123,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: 
     block_e = max(16, triton.next_power_of_2(e))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (b * nkv, triton.cdiv(t * g, block_m))
-    splits = splits or split_count(grid[0] * grid[1])
     n_rows = b * t * nq
     # Scratch for the partial results (under CUDA graphs from the graph's pool); unsplit, the kernel's code
     # that writes it is compiled out and ``out`` stands in.
