@@ -1,0 +1,107 @@
+"""Where one training step's time goes: the target's features, the draft's TTT unroll and its backward,
+the optimizer; then the costliest kernels of whole steps.
+
+    PYTHONPATH=. python scripts/train_step_profile.py --device cuda --batch-tokens 16384 --len 512
+
+Random weights of a named target shape (scripts/bench_decode.py) and a fresh draft of its shape and a
+draft vocabulary of ``--draft-vocab``, random token rows of ``--len`` tokens (every token an assistant
+token), as ``eaglet train`` runs a step: ``Featurizer`` (online target forward with capture), ``TTTLoss``
+under bf16 autocast on CUDA, backward, gradient clipping, AdamW. Times are medians of ``--steps`` after
+two warm-up steps (CUDA events per phase on CUDA, wall clock on the CPU). The shipped SmolLM2 draft's run
+trained at 0.178 s a step of 16k padded tokens on the H200 (docs/training.md): this says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from eaglet.capture import CaptureSpec
+from eaglet.data.dataset import TokenData
+from eaglet.data.template import Tokenized
+from eaglet.draft.model import DraftConfig, Eagle3Draft
+from eaglet.train.evaluate import unroll
+from eaglet.train.inputs import Featurizer
+from eaglet.train.ttt import TTTLoss
+from scripts.bench_decode import random_target
+from scripts.spec_step_costs import kernel_profile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shape", default="smollm2-135m", help="a shape of scripts/bench_decode.py")
+    ap.add_argument("--draft-vocab", type=int, default=24576)
+    ap.add_argument("--batch-tokens", type=int, default=16384)
+    ap.add_argument("--len", type=int, default=512, help="tokens a row (rows = batch tokens / len)")
+    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps")
+    ap.add_argument("--profile", type=int, default=25, metavar="N", help="the N costliest kernels (CUDA; 0: none)")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    target = random_target(a.shape, torch.bfloat16 if cuda else torch.float32, a.device)
+    cfg = target.config
+    capture = CaptureSpec.eagle3_default(cfg.num_layers)
+    with torch.device(dev):
+        draft = Eagle3Draft(DraftConfig.for_target(cfg, capture, a.draft_vocab, True))
+    draft.set_vocab(torch.arange(a.draft_vocab, device=dev))
+    rows = max(1, a.batch_tokens // a.len)
+    g = torch.Generator().manual_seed(0)
+    items = [Tokenized(torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist(), [True] * a.len)
+             for _ in range(rows)]
+    feats = Featurizer(target, capture, draft.vocab_ids(), TokenData.from_tokenized(items), dev)
+    loss_fn = TTTLoss(draft, a.ttt_steps)
+    opt = torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    batch = list(range(rows))
+
+    def mark():
+        if cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def between(x, y) -> float:  # ms
+        if cuda:
+            torch.cuda.synchronize()
+            return x.elapsed_time(y)
+        return (y - x) * 1e3
+
+    def step() -> list:
+        marks = [mark()]
+        inp = feats(batch)
+        marks.append(mark())
+        loss, _ = unroll(loss_fn, inp, cuda)
+        marks.append(mark())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        marks.append(mark())
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
+        opt.step()
+        marks.append(mark())
+        return marks
+
+    for _ in range(2):
+        step()
+    phases = ("features", "TTT forward", "backward", "clip + AdamW")
+    times: dict[str, list[float]] = {p: [] for p in (*phases, "step")}
+    for _ in range(a.steps):
+        m = step()
+        for p, x, y in zip(phases, m, m[1:]):
+            times[p].append(between(x, y))
+        times["step"].append(between(m[0], m[-1]))
+    print(f"{a.shape}, {rows} rows x {a.len} tokens, draft vocabulary {a.draft_vocab}, {a.ttt_steps} TTT steps, "
+          f"{a.device}: median ms of {a.steps} steps")
+    for p, ts in times.items():
+        print(f"{p:>14} {statistics.median(ts):9.2f}")
+    if cuda and a.profile:
+        kernel_profile(step, "whole training steps", a.profile, reps=3)
+        print(f"peak memory {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()
