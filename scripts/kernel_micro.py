@@ -3,8 +3,8 @@ or not, and few-row GEMMs through small_matmul.py against cuBLAS (F.linear).
 
     PYTHONPATH=. python scripts/kernel_micro.py --splits 1 2 4 8
 
-Each call is captured in a CUDA graph of 20 calls and replayed (CUDA events, median of 5 replays after a
-warm-up), so launch gaps are those of a captured step. Attention: SmolLM2's heads (9 query, 3 KV, head
+Each call is captured in a CUDA graph of 20 calls and replayed (CUDA events, mean of 5 replays after 3
+warm-up replays), so launch gaps are those of a captured step. Attention: SmolLM2's heads (9 query, 3 KV, head
 dim 64) and Llama-3.1-8B's (32, 8, 128), a decode token at batches 1, 4 and 16 and a 48-node verify at
 batch 1. GEMMs: each linear of both shapes (qkv, o, gate_up, down, the LM head) at 1, 4 and 8 rows.
 Nothing compiles: a run takes seconds. The tables say where the attention operator should split
@@ -18,8 +18,10 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from eaglet.cuda_graph import GraphedStep
 from eaglet.models import small_matmul
 from eaglet.models.tree_attention import launch
+from scripts.spec_step_costs import cuda_ms
 
 HEADS = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128)}
 LINEARS = {  # (name, out features, in features) of each shape's linears, QKV and gate/up packed as served
@@ -32,25 +34,9 @@ CASES = [(1, 1), (4, 1), (16, 1), (1, 48)]  # (batch, query tokens)
 
 
 def graph_us(fn, calls: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+    """Microseconds a call of ``fn``: ``calls`` calls captured in one graph (GraphedStep), replayed."""
+    step = GraphedStep(lambda: [fn() for _ in range(calls)][-1])
+    return cuda_ms(step, reps=5) * 1e3 / calls
 
 
 @torch.inference_mode()
