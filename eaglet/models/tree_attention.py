@@ -13,11 +13,18 @@ tile is loaded once per group. Online softmax in float32 (FlashAttention's resca
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefills) use SDPA
+# The operator splits a launch of few programs (batch-1 decode: one per KV head) into up to MAX_SPLITS ranges of
+# committed slots, aiming at SPLIT_PROGRAMS programs in all; 1 (the default) never splits. EAGLET_ATTN_SPLITS
+# sets it until scripts/kernel_micro.py's table on the GPU says what the default should be.
+MAX_SPLITS = int(os.environ.get("EAGLET_ATTN_SPLITS", "1"))
+SPLIT_PROGRAMS = 48
 
 
 @triton.jit
@@ -112,14 +119,13 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: 
     """The kernel on any tensors Triton runs on. ``splits`` > 1 splits the committed slots into that many
     ranges across programs and merges the partial results in a second kernel: a decode step at batch 1
     runs one program per KV head (SmolLM2: 3 of the H200's 132 SMs, 6.2 us a layer over ~300 slots,
-    session 15), which a split spreads. The operator below does not split until ``scripts/kernel_micro.py``
-    has shown on the GPU where it pays."""
+    session 15), which a split spreads. The operator below splits as ``auto_splits`` says."""
     b, t, nq, d = q.shape
     nkv = k_cache.shape[1]
     g = nq // nkv
     e = extra.shape[-1]
     out = torch.empty_like(q)
-    block_m = 16 if t * g <= 16 else 32
+    block_m = _block_m(t * g)
     block_e = max(16, triton.next_power_of_2(e))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (b * nkv, triton.cdiv(t * g, block_m))
@@ -143,6 +149,19 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: 
     return out
 
 
+def _block_m(rows: int) -> int:
+    """Query rows ((token, head-in-group) pairs) a program takes."""
+    return 16 if rows <= 16 else 32
+
+
+def auto_splits(b: int, t: int, nq: int, nkv: int, max_splits: int | None = None) -> int:
+    """How many ranges the operator splits the committed slots into for a launch of this shape: enough to
+    bring its programs near SPLIT_PROGRAMS, at most ``max_splits`` (MAX_SPLITS); 1 for launches that already
+    fill the GPU (larger batches, prefill chunks). Static per shape, so each compiled step keeps one."""
+    programs = b * nkv * triton.cdiv(t * (nq // nkv), _block_m(t * (nq // nkv)))
+    return max(1, min(MAX_SPLITS if max_splits is None else max_splits, SPLIT_PROGRAMS // programs))
+
+
 # An opaque operator to torch.compile, not a Triton kernel it traces into: a traced kernel is named in the
 # compiled graph by indices into a process-local side table, assigned in the order kernels are traced, and
 # the persistent compile cache missed in later processes that compiled in another order (docs/performance.md,
@@ -151,7 +170,8 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
                    extra: torch.Tensor) -> torch.Tensor:
     """q [B, T, nq, D]; k/v_cache [B, nkv, S, D]; lens [B]; extra [B, T, E] bool -> [B, T, nq, D]."""
-    return launch(q, k_cache, v_cache, lens, extra)
+    b, t, nq, _ = q.shape
+    return launch(q, k_cache, v_cache, lens, extra, auto_splits(b, t, nq, k_cache.shape[1]))
 
 
 @tree_attention.register_fake

@@ -32,11 +32,15 @@ def reference(q, k_cache, v_cache, lens, extra):
     (3, 8, 4, 1, 128, 40, [0, 17, 64]),  # draft frontier over a scratch region
     (2, 100, 8, 8, 64, 100, [33, 2]),  # a short prefill
 ])
-@pytest.mark.parametrize("splits", [0, 3, 8])
-def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, splits):
-    """``splits``: 0 the operator as compiled steps call it; 3 and 8 the committed slots split across programs
-    and merged (float32 checked on the CPU in Triton's interpreter too, session 15)."""
+@pytest.mark.parametrize("splits", [0, -8, 3, 8])
+def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, splits, monkeypatch):
+    """``splits``: 0 the operator as compiled steps call it, -8 the operator splitting by ``auto_splits`` up to
+    8; 3 and 8 the committed slots split across programs and merged (float32 checked on the CPU in Triton's
+    interpreter too, session 15)."""
+    from eaglet.models import tree_attention as module
     from eaglet.models.tree_attention import launch, tree_attention
+
+    monkeypatch.setattr(module, "MAX_SPLITS", max(1, -splits))
 
     g = torch.Generator(device="cuda").manual_seed(0)
     s = 1024
@@ -45,11 +49,22 @@ def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, s
     lens = torch.tensor(lens, device="cuda")
     extra = torch.rand(b, t, e, device="cuda", generator=g) < 0.5
     extra[:, torch.arange(t), torch.arange(t).clamp(max=e - 1)] = True  # every query sees at least itself
-    out = tree_attention(q, k_cache, v_cache, lens, extra) if splits == 0 else \
+    out = tree_attention(q, k_cache, v_cache, lens, extra) if splits <= 0 else \
         launch(q, k_cache, v_cache, lens, extra, splits)
     ref = reference(q, k_cache, v_cache, lens, extra)
     assert torch.isfinite(out).all()
     assert ((out.double() - ref).norm() / ref.norm()).item() < tol
+
+
+def test_auto_splits_spreads_only_launches_of_few_programs():
+    from eaglet.models.tree_attention import auto_splits
+
+    assert auto_splits(1, 1, 9, 3, 8) == 8  # SmolLM2 decode at batch 1: 3 programs
+    assert auto_splits(1, 48, 9, 3, 8) == 3  # a 48-node verify: 144 rows, 5 blocks a KV head, 15 programs
+    assert auto_splits(4, 1, 9, 3, 8) == 4
+    assert auto_splits(16, 1, 9, 3, 8) == 1  # 48 programs already
+    assert auto_splits(1, 128, 9, 3, 8) == 1  # a prefill chunk
+    assert auto_splits(1, 1, 9, 3, 1) == 1  # splitting off
 
 
 def test_compiled_graph_calls_the_kernel_as_one_opaque_operator():
