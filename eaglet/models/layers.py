@@ -12,7 +12,6 @@ the embedding and LM head are vocab-parallel.
 from __future__ import annotations
 
 import math
-import os
 from typing import Protocol
 
 import torch
@@ -96,17 +95,8 @@ def _packed(w: torch.Tensor) -> torch.Tensor | None:
     return cached[1]
 
 
-# An experiment until measured on the GPU (small_matmul.py): GEMMs of few rows through a Triton kernel.
-# Imported here, so that its operator is registered before any traced forward calls it.
-_SMALL_MM = None
-if os.environ.get("EAGLET_SMALL_MM") == "1" and torch.cuda.is_available():
-    from eaglet.models import small_matmul as _SMALL_MM
-
-
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, through oneDNN's packed weight where ``pack_linears`` marked it (CPU, float32, no grads)."""
-    if _SMALL_MM is not None and _SMALL_MM.applies(x, weight, bias):
-        return _SMALL_MM.small_mm(x, weight)
     if x.is_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling() and not (
             x.requires_grad and torch.is_grad_enabled()):
         packed = _packed(weight)

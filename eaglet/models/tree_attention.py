@@ -13,6 +13,7 @@ tile is loaded once per group. Online softmax in float32 (FlashAttention's resca
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -21,10 +22,11 @@ import triton.language as tl
 
 MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefills) use SDPA
 # The operator splits a launch of few programs (batch-1 decode: one per KV head) into up to MAX_SPLITS ranges of
-# committed slots, aiming at SPLIT_PROGRAMS programs in all; 1 (the default) never splits. EAGLET_ATTN_SPLITS
-# sets it until scripts/kernel_micro.py's table on the GPU says what the default should be.
-MAX_SPLITS = int(os.environ.get("EAGLET_ATTN_SPLITS", "1"))
-SPLIT_PROGRAMS = 48
+# committed slots, aiming at one program per SM in all (EAGLET_ATTN_SPLITS overrides; 1 never splits). Measured
+# by scripts/kernel_micro.py on the H200 (session 16): SmolLM2's batch-1 decode over 300 / 1,000 / 3,000 slots
+# 6.3 / 13.5 / 34.2 us a layer unsplit, 4.7 / 5.8 / 8.4 split 8; where programs already fill the SMs (the 8B
+# shape at batch 16: 128 programs) splitting cost up to 80%, so those launches stay whole.
+MAX_SPLITS = int(os.environ.get("EAGLET_ATTN_SPLITS", "8"))
 
 
 @triton.jit
@@ -154,12 +156,17 @@ def _block_m(rows: int) -> int:
     return 16 if rows <= 16 else 32
 
 
-def auto_splits(b: int, t: int, nq: int, nkv: int, max_splits: int | None = None) -> int:
-    """How many ranges the operator splits the committed slots into for a launch of this shape: enough to
-    bring its programs near SPLIT_PROGRAMS, at most ``max_splits`` (MAX_SPLITS); 1 for launches that already
-    fill the GPU (larger batches, prefill chunks). Static per shape, so each compiled step keeps one."""
+def auto_splits(b: int, t: int, nq: int, nkv: int, sms: int, max_splits: int | None = None) -> int:
+    """How many ranges the operator splits the committed slots into for a launch of this shape on a GPU of
+    ``sms`` SMs: enough to bring its programs near one per SM, at most ``max_splits`` (MAX_SPLITS); 1 for
+    launches that already fill the GPU. Static per shape, so each compiled step keeps one."""
     programs = b * nkv * triton.cdiv(t * (nq // nkv), _block_m(t * (nq // nkv)))
-    return max(1, min(MAX_SPLITS if max_splits is None else max_splits, SPLIT_PROGRAMS // programs))
+    return max(1, min(MAX_SPLITS if max_splits is None else max_splits, sms // programs))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # An opaque operator to torch.compile, not a Triton kernel it traces into: a traced kernel is named in the
@@ -171,7 +178,8 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    extra: torch.Tensor) -> torch.Tensor:
     """q [B, T, nq, D]; k/v_cache [B, nkv, S, D]; lens [B]; extra [B, T, E] bool -> [B, T, nq, D]."""
     b, t, nq, _ = q.shape
-    return launch(q, k_cache, v_cache, lens, extra, auto_splits(b, t, nq, k_cache.shape[1]))
+    splits = auto_splits(b, t, nq, k_cache.shape[1], _sm_count(q.device.index or 0))
+    return launch(q, k_cache, v_cache, lens, extra, splits)
 
 
 @tree_attention.register_fake

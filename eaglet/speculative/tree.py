@@ -70,14 +70,16 @@ TOPK_CHUNK = 128
 
 def top_k(x: torch.Tensor, k: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., V] -> (values, indices) [..., k], largest first: what ``x.topk(k)`` gives (up to the order of
-    ties), in fewer kernels on CUDA.
+    ties), in fewer and cheaper kernels on CUDA.
 
     torch.topk over a few long rows takes its multi-block radix select, ~19 kernels a call: on the H200
     a 6,8,48 iteration over SmolLM2's 24,576-token draft vocabulary spent ~0.25 ms of its 1.80 ms in them
     (docs/performance.md, session 15). k = 1 is a max, a reduction inductor fuses with the log-softmax
-    before it. Otherwise, with ``chunk`` (default: TOPK_CHUNK on CUDA, none elsewhere) dividing V: the best
-    k of each chunk, then the best k of those V/chunk*k candidates, exact since every row's top k lies
-    among its chunks' top k; each stage is one small-slice kernel.
+    before it. Otherwise, with ``chunk`` (default: TOPK_CHUNK on CUDA, none elsewhere) dividing V: each chunk
+    sorted, its best k kept, then those V/chunk*k candidates sorted and the best k kept, exact since every
+    row's top k lies among its chunks' top k. Sorts, not torch.topk: topk over short slices still takes
+    a radix select of many passes (17.5 us a call for 192 slices of 128 on the H200, session 16), where
+    a sort of short slices is one small kernel (~4 us for 64-element slices there).
     """
     if k == 1:
         values, indices = x.max(dim=-1, keepdim=True)
@@ -87,10 +89,11 @@ def top_k(x: torch.Tensor, k: int, chunk: int | None = None) -> tuple[torch.Tens
     if chunk is None or v % chunk or v < 4 * chunk or k > chunk:
         return x.topk(k, dim=-1)
     lead, n = x.shape[:-1], v // chunk
-    part = x.reshape(*lead, n, chunk).topk(k, dim=-1, sorted=False)  # [..., n, k] each chunk's best k
+    part = x.reshape(*lead, n, chunk).sort(dim=-1, descending=True)  # each chunk in order
     start = torch.arange(0, v, chunk, device=x.device).unsqueeze(-1)  # [n, 1] each chunk's first index
-    values, best = part.values.reshape(*lead, n * k).topk(k, dim=-1)  # [..., k]
-    return values, (part.indices + start).reshape(*lead, n * k).gather(-1, best)
+    cand = (part.values[..., :k].reshape(*lead, n * k), (part.indices[..., :k] + start).reshape(*lead, n * k))
+    values, best = cand[0].sort(dim=-1, descending=True)  # [..., n*k]
+    return values[..., :k], cand[1].gather(-1, best[..., :k])
 
 
 def propose(logits: torch.Tensor, k: int, params: SamplingParams, uniform: torch.Tensor | None):

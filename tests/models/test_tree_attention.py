@@ -34,9 +34,9 @@ def reference(q, k_cache, v_cache, lens, extra):
 ])
 @pytest.mark.parametrize("splits", [0, -8, 3, 8])
 def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, splits, monkeypatch):
-    """``splits``: 0 the operator as compiled steps call it, -8 the operator splitting by ``auto_splits`` up to
-    8; 3 and 8 the committed slots split across programs and merged (float32 checked on the CPU in Triton's
-    interpreter too, session 15)."""
+    """``splits``: 0 the operator never splitting (EAGLET_ATTN_SPLITS=1), -8 the operator as compiled steps
+    call it by default (splitting by ``auto_splits``, up to 8); 3 and 8 the committed slots split across
+    programs and merged (float32 checked on the CPU in Triton's interpreter too, session 15)."""
     from eaglet.models import tree_attention as module
     from eaglet.models.tree_attention import launch, tree_attention
 
@@ -59,12 +59,14 @@ def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, s
 def test_auto_splits_spreads_only_launches_of_few_programs():
     from eaglet.models.tree_attention import auto_splits
 
-    assert auto_splits(1, 1, 9, 3, 8) == 8  # SmolLM2 decode at batch 1: 3 programs
-    assert auto_splits(1, 48, 9, 3, 8) == 3  # a 48-node verify: 144 rows, 5 blocks a KV head, 15 programs
-    assert auto_splits(4, 1, 9, 3, 8) == 4
-    assert auto_splits(16, 1, 9, 3, 8) == 1  # 48 programs already
-    assert auto_splits(1, 128, 9, 3, 8) == 1  # a prefill chunk
-    assert auto_splits(1, 1, 9, 3, 1) == 1  # splitting off
+    h200 = 132
+    assert auto_splits(1, 1, 9, 3, h200, 8) == 8  # SmolLM2 decode at batch 1: 3 programs
+    assert auto_splits(1, 48, 9, 3, h200, 8) == 8  # a 48-node verify: 144 rows, 5 blocks a KV head, 15 programs
+    assert auto_splits(16, 1, 9, 3, h200, 8) == 2  # 48 programs
+    assert auto_splits(4, 1, 32, 8, h200, 8) == 4  # the 8B shape: 32 programs
+    assert auto_splits(16, 1, 32, 8, h200, 8) == 1  # 128 programs fill the GPU already
+    assert auto_splits(1, 128, 32, 8, h200, 8) == 1  # a prefill chunk
+    assert auto_splits(1, 1, 9, 3, h200, 1) == 1  # splitting off
 
 
 def test_compiled_graph_calls_the_kernel_as_one_opaque_operator():
