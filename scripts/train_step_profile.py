@@ -1,14 +1,16 @@
 """Where one training step's time goes: the target's features, the draft's TTT unroll and its backward,
 the optimizer; then the costliest kernels of whole steps.
 
-    PYTHONPATH=. python scripts/train_step_profile.py --device cuda --batch-tokens 16384 --len 512
+    PYTHONPATH=. python scripts/train_step_profile.py --device cuda --batch-tokens 16384 --len 512 --loss eager compiled
 
 Random weights of a named target shape (scripts/bench_decode.py) and a fresh draft of its shape and a
 draft vocabulary of ``--draft-vocab``, random token rows of ``--len`` tokens (every token an assistant
 token), as ``eaglet train`` runs a step: ``Featurizer`` (online target forward with capture), ``TTTLoss``
 under bf16 autocast on CUDA, backward, gradient clipping, AdamW. Times are medians of ``--steps`` after
-two warm-up steps (CUDA events per phase on CUDA, wall clock on the CPU). The shipped SmolLM2 draft's run
-trained at 0.178 s a step of 16k padded tokens on the H200 (docs/training.md): this says why.
+two warm-up steps (CUDA events per phase on CUDA, wall clock on the CPU), for each ``--loss``: ``eager``, or
+``compiled`` (the soft cross-entropy through torch.compile, ``eaglet train --compile-loss``; its first warm-up
+step, compile included, is printed too). The shipped SmolLM2 draft's run trained at 0.178 s a step of 16k
+padded tokens on the H200 (docs/training.md): this says why.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def main() -> None:
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps")
     ap.add_argument("--profile", type=int, default=25, metavar="N", help="the N costliest kernels (CUDA; 0: none)")
+    ap.add_argument("--loss", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"],
+                    help="the TTT loss's soft cross-entropy eager and/or through torch.compile, each timed in turn")
     a = ap.parse_args()
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
@@ -54,7 +58,6 @@ def main() -> None:
     items = [Tokenized(torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist(), [True] * a.len)
              for _ in range(rows)]
     feats = Featurizer(target, capture, draft.vocab_ids(), TokenData.from_tokenized(items), dev)
-    loss_fn = TTTLoss(draft, a.ttt_steps)
     opt = torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
     batch = list(range(rows))
 
@@ -71,7 +74,7 @@ def main() -> None:
             return x.elapsed_time(y)
         return (y - x) * 1e3
 
-    def step() -> list:
+    def step(loss_fn: TTTLoss) -> list:
         marks = [mark()]
         inp = feats(batch)
         marks.append(mark())
@@ -85,23 +88,28 @@ def main() -> None:
         marks.append(mark())
         return marks
 
-    for _ in range(2):
-        step()
-    phases = ("features", "TTT forward", "backward", "clip + AdamW")
-    times: dict[str, list[float]] = {p: [] for p in (*phases, "step")}
-    for _ in range(a.steps):
-        m = step()
-        for p, x, y in zip(phases, m, m[1:]):
-            times[p].append(between(x, y))
-        times["step"].append(between(m[0], m[-1]))
-    print(f"{a.shape}, {rows} rows x {a.len} tokens, draft vocabulary {a.draft_vocab}, {a.ttt_steps} TTT steps, "
-          f"{a.device}: median ms of {a.steps} steps")
-    for p, ts in times.items():
-        print(f"{p:>14} {statistics.median(ts):9.2f}")
-    if cuda and a.profile:
-        kernel_profile(step, "whole training steps", a.profile, reps=3)
-        print(f"peak memory {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB")
-
+    for mode in a.loss:
+        loss_fn = TTTLoss(draft, a.ttt_steps, compile_loss=mode == "compiled")
+        t0 = time.perf_counter()
+        step(loss_fn)
+        if cuda:
+            torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        step(loss_fn)
+        phases = ("features", "TTT forward", "backward", "clip + AdamW")
+        times: dict[str, list[float]] = {p: [] for p in (*phases, "step")}
+        for _ in range(a.steps):
+            m = step(loss_fn)
+            for p, x, y in zip(phases, m, m[1:]):
+                times[p].append(between(x, y))
+            times["step"].append(between(m[0], m[-1]))
+        print(f"{a.shape}, {rows} rows x {a.len} tokens, draft vocabulary {a.draft_vocab}, {a.ttt_steps} TTT steps, "
+              f"{a.device}, loss {mode}: median ms of {a.steps} steps (the first step took {first:.1f} s)")
+        for p, ts in times.items():
+            print(f"{p:>14} {statistics.median(ts):9.2f}")
+        if cuda and a.profile:
+            kernel_profile(lambda f=loss_fn: step(f), f"whole training steps, loss {mode}", a.profile, reps=3)
+            print(f"peak memory {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB")
 
 if __name__ == "__main__":
     main()

@@ -70,14 +70,32 @@ def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:, k:], pad], dim=1)[:, : x.shape[1]]
 
 
-class TTTLoss(nn.Module):
-    """The whole unroll as one module, so DDP sees a single forward per training step."""
+def soft_ce(logits: torch.Tensor, target_logp: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [n, Vd] (bf16 under autocast), target_logp [N, Vd] float32 log-probs, at [n] the label row of each
+    -> (soft cross-entropy [n] float32, the argmax of each row of logits [n])."""
+    logp = logits.float().log_softmax(-1)
+    return -(target_logp[at].exp() * logp).sum(-1), logp.argmax(-1)
 
-    def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8):
+
+# A few fused kernels each way instead of eager's passes over [n, Vd] float32 in every TTT step (the cast,
+# the log-softmax, the labels' gather and exp, the product, the sum, the argmax, and their backward): on the
+# H200 a 16k-token step of SmolLM2's draft (vocabulary 24,576) spent at least ~20 of its 138 ms of kernels in
+# the softmaxes, exp, gathers and argmax alone (scripts/train_step_profile.py, session 16). An experiment
+# until that script has timed it on the GPU. Dynamic: n changes with every batch and step; compiled at the
+# first call.
+fused_soft_ce = torch.compile(soft_ce, dynamic=True)
+
+
+class TTTLoss(nn.Module):
+    """The whole unroll as one module, so DDP sees a single forward per training step. ``compile_loss``: the
+    soft cross-entropy through torch.compile (``fused_soft_ce``; --compile-loss)."""
+
+    def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8, compile_loss: bool = False):
         super().__init__()
         self.draft = draft
         self.steps = steps
         self.decay = decay
+        self.soft_ce = fused_soft_ce if compile_loss else soft_ce
 
     def forward(self, aux: torch.Tensor, emb: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                 target_logp: torch.Tensor, target_top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,16 +110,15 @@ class TTTLoss(nn.Module):
         label_ok = mask & draft.t2d[ids]  # [B, T]: token p may be a label
         window = mask & (answer_index(mask) < SERVE_WINDOW)  # [B, T]
         loss = aux.new_zeros((), dtype=torch.float32)
+        t, labels = ids.shape[1], target_logp.reshape(-1, target_logp.shape[-1])  # [B*T, Vd]
         stats = []
         for j, out in enumerate(self.unroll(aux, emb)):
             rows, cols = shift_left(label_ok, j + 2).nonzero(as_tuple=True)  # anchors with a label
-            logits = draft.logits(out[rows, cols]).float()  # [n, Vd]
-            labels = target_logp[rows, cols + j + 1]  # [n, Vd]
-            ce = -(labels.exp() * logits.log_softmax(-1)).sum(-1)  # [n]
+            ce, top = self.soft_ce(draft.logits(out[rows, cols]), labels, rows * t + cols + j + 1)  # [n] each
             n = ce.numel()
             loss = loss + self.decay**j * ce.sum() / max(n, 1)
             with torch.no_grad():
-                hit = draft.to_target_ids(logits.argmax(-1)) == target_top[rows, cols + j + 1]
+                hit = draft.to_target_ids(top) == target_top[rows, cols + j + 1]
                 n_all = shift_left(mask, j + 2).sum().float()  # out-of-vocabulary labels count, as misses
                 in_win = shift_left(window, j + 2)
                 hit_win = (hit & in_win[rows, cols]).sum().float()

@@ -126,3 +126,27 @@ def test_answer_index_counts_within_each_assistant_turn():
 
     mask = torch.tensor([[0, 1, 1, 1, 0, 0, 1, 1], [1, 1, 0, 1, 0, 1, 1, 1]], dtype=torch.bool)
     assert answer_index(mask).tolist() == [[-1, 0, 1, 2, -1, -1, 0, 1], [0, 1, -1, 0, -1, 0, 1, 2]]
+
+
+def test_compiled_soft_cross_entropy_equals_eager():
+    """--compile-loss: the loss, statistics and gradients of the eager loss (float32), from a compiled graph."""
+    from torch._dynamo.utils import counters
+
+    steps, b, t_len = 3, 2, 10
+    torch.manual_seed(2)
+    ids, mask = torch.randint(0, 50, (b, t_len)), torch.rand(b, t_len) > 0.3
+    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
+    target_logp, target_top = torch.randn(b, t_len, 20).log_softmax(-1), torch.randint(0, 50, (b, t_len))
+    results = []
+    for compiled in (False, True):
+        d = _draft(vocab=20)
+        frames = counters["stats"]["unique_graphs"]
+        loss, stats = TTTLoss(d, steps, 0.5, compile_loss=compiled)(aux, emb, ids, mask, target_logp, target_top)
+        loss.backward()
+        assert (counters["stats"]["unique_graphs"] > frames) == compiled
+        results.append((loss.detach(), stats, [p.grad for p in d.parameters()]))
+    (loss0, stats0, grads0), (loss1, stats1, grads1) = results
+    torch.testing.assert_close(loss1, loss0)
+    torch.testing.assert_close(stats1, stats0)
+    for g0, g1 in zip(grads0, grads1):
+        torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-6)
