@@ -5,8 +5,9 @@ the optimizer; then the costliest kernels of whole steps.
 
 Random weights of a named target shape (scripts/bench_decode.py) and a fresh draft of its shape and a
 draft vocabulary of ``--draft-vocab``, random token rows of ``--len`` tokens (every token an assistant
-token), as ``eaglet train`` runs a step: ``Featurizer`` (online target forward with capture), ``TTTLoss``
-under bf16 autocast on CUDA, backward, gradient clipping, AdamW. Times are medians of ``--steps`` after
+token), as ``eaglet train`` runs a step (``eaglet.train.probe.StepRig``, which a budgeted run times before it
+regenerates): ``Featurizer`` (online target forward with capture), ``TTTLoss`` under bf16 autocast on CUDA,
+backward, gradient clipping, AdamW. Times are medians of ``--steps`` after
 two warm-up steps (CUDA events per phase on CUDA, wall clock on the CPU), for each ``--loss``: ``eager``, or
 ``compiled`` (the soft cross-entropy through torch.compile, ``eaglet train --compile-loss``; its first warm-up
 step, compile included, is printed too). The shipped SmolLM2 draft's run trained at 0.178 s a step of 16k
@@ -21,13 +22,8 @@ import time
 
 import torch
 
-from eaglet.capture import CaptureSpec
-from eaglet.data.dataset import TokenData
-from eaglet.data.template import Tokenized
-from eaglet.draft.model import DraftConfig, Eagle3Draft
-from eaglet.train.evaluate import unroll
-from eaglet.train.inputs import Featurizer
-from eaglet.train.ttt import TTTLoss
+from eaglet.options import TrainConfig
+from eaglet.train.probe import StepRig
 from scripts.bench_decode import random_target
 from scripts.spec_step_costs import kernel_profile
 
@@ -48,18 +44,6 @@ def main() -> None:
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     target = random_target(a.shape, torch.bfloat16 if cuda else torch.float32, a.device)
-    cfg = target.config
-    capture = CaptureSpec.eagle3_default(cfg.num_layers)
-    with torch.device(dev):
-        draft = Eagle3Draft(DraftConfig.for_target(cfg, capture, a.draft_vocab, True))
-    draft.set_vocab(torch.arange(a.draft_vocab, device=dev))
-    rows = max(1, a.batch_tokens // a.len)
-    g = torch.Generator().manual_seed(0)
-    items = [Tokenized(torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist(), [True] * a.len)
-             for _ in range(rows)]
-    feats = Featurizer(target, capture, draft.vocab_ids(), TokenData.from_tokenized(items), dev)
-    opt = torch.optim.AdamW(draft.parameters(), lr=1e-4, betas=(0.9, 0.95))
-    batch = list(range(rows))
 
     def mark():
         if cuda:
@@ -74,41 +58,29 @@ def main() -> None:
             return x.elapsed_time(y)
         return (y - x) * 1e3
 
-    def step(loss_fn: TTTLoss) -> list:
-        marks = [mark()]
-        inp = feats(batch)
-        marks.append(mark())
-        loss, _ = unroll(loss_fn, inp, cuda)
-        marks.append(mark())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        marks.append(mark())
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
-        opt.step()
-        marks.append(mark())
-        return marks
-
     for mode in a.loss:
-        loss_fn = TTTLoss(draft, a.ttt_steps, compile_loss=mode == "compiled")
+        rig = StepRig(target, TrainConfig(ttt_steps=a.ttt_steps, batch_tokens=a.batch_tokens,
+                                          draft_vocab_size=a.draft_vocab, compile_loss=mode == "compiled"), dev, a.len)
         t0 = time.perf_counter()
-        step(loss_fn)
+        rig.step()
         if cuda:
             torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        step(loss_fn)
+        rig.step()
         phases = ("features", "TTT forward", "backward", "clip + AdamW")
         times: dict[str, list[float]] = {p: [] for p in (*phases, "step")}
         for _ in range(a.steps):
-            m = step(loss_fn)
+            m = rig.step(mark)
             for p, x, y in zip(phases, m, m[1:]):
                 times[p].append(between(x, y))
             times["step"].append(between(m[0], m[-1]))
-        print(f"{a.shape}, {rows} rows x {a.len} tokens, draft vocabulary {a.draft_vocab}, {a.ttt_steps} TTT steps, "
-              f"{a.device}, loss {mode}: median ms of {a.steps} steps (the first step took {first:.1f} s)")
+        print(f"{a.shape}, {len(rig.rows)} rows x {a.len} tokens, draft vocabulary {a.draft_vocab}, "
+              f"{a.ttt_steps} TTT steps, {a.device}, loss {mode}: median ms of {a.steps} steps "
+              f"(the first step took {first:.1f} s)")
         for p, ts in times.items():
             print(f"{p:>14} {statistics.median(ts):9.2f}")
         if cuda and a.profile:
-            kernel_profile(lambda f=loss_fn: step(f), f"whole training steps, loss {mode}", a.profile, reps=3)
+            kernel_profile(rig.step, f"whole training steps, loss {mode}", a.profile, reps=3)
             print(f"peak memory {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB")
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ Regeneration runs first and keeps adding answers while the time left can still t
 ``tokens`` are the prompt and answer tokens of the records written so far (earlier runs
 included); ``padding`` (1.08) is padded over real tokens of length-bucketed batches and
 ``train_tokens_per_s`` the padded tokens training gets through per second, validation every
-250 steps and checkpoints included, both measured in the one-command runs that made SmolLM2 drafts on
-one H200 (session 9's: 107k/s with a draft vocabulary of 12,288; session 13's, shipped: 6 passes over
-10.0M tokens in 661 s, 3,714 steps at 0.178 s with the vocabulary of 24,576, now the default: 98k/s);
-pass your own for another GPU or target. ``reserve`` covers
+250 steps and checkpoints included: a single-process run times a few steps of its own before it
+regenerates (``probe``), ``--train-tokens-per-s`` sets it, and the figure below stands in for runs
+across ranks. Both constants were measured in the one-command runs that made SmolLM2 drafts on one
+H200 (session 9's: 107k/s with a draft vocabulary of 12,288; session 13's, shipped: 6 passes over
+10.0M tokens in 661 s, 3,714 steps at 0.178 s with the vocabulary of 24,576: 98k/s). ``reserve`` covers
 tokenizing, the final validation and the export (60 s + 5% of the budget). Training then
 gets whatever is left and stops in time to validate and export; if the estimate was
 optimistic, the learning rate has still decayed by the clock (``trainer.lr_at``).

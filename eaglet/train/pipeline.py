@@ -26,6 +26,7 @@ from eaglet.data.sources import RegenConfig, answer_sources
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
+from eaglet.train import probe
 from eaglet.train.budget import BudgetSplit, Clock, mark_done, regen_done
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, any_rank, barrier
 from eaglet.train.trainer import TrainConfig, Trainer
@@ -142,7 +143,8 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
     (regenerate, tokenize, train: validation and export included).
 
     With ``regen`` and a budget, regeneration stops as ``BudgetSplit`` says (``regen_budget_s``
-    caps it explicitly; ``train_tokens_per_s`` replaces the measured H200 figure).
+    caps it explicitly), with the training rate ``train_tokens_per_s``, else one timed here (``probe``; a
+    single process), else the H200 figure.
     """
     clock = clock or Clock()
     start = clock.start
@@ -155,6 +157,11 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
     if regen is not None:
         stop_when = None
         if time_budget_s or regen_budget_s:
+            if time_budget_s and not (regen_budget_s or train_tokens_per_s or dist.enabled or regen_done(out)):
+                with clock.stage("probe"):
+                    train_tokens_per_s = probe.train_tokens_per_s(target, cfg, dist.device)
+                note(f"training here makes ~{train_tokens_per_s / 1e3:,.1f}k padded tokens a second (a few steps "
+                     "timed; --train-tokens-per-s sets it): the budget's split counts with that")
             split = BudgetSplit(time_budget_s or float("inf"), cfg.epochs, regen_budget_s=regen_budget_s,
                                 **({"train_tokens_per_s": train_tokens_per_s} if train_tokens_per_s else {}))
             stop_when = split.stopper(start)

@@ -136,6 +136,45 @@ def _target(path):
     return load_tiny(path)
 
 
+def test_the_training_rate_probe_times_steps_of_the_runs_shape(tiny_target):
+    from eaglet.draft.vocab import default_draft_vocab_size
+    from eaglet.train import probe
+
+    cfg = TrainConfig(batch_tokens=128, ttt_steps=2)
+    rig = probe.StepRig(tiny_target, cfg, torch.device("cpu"), row_tokens=32)
+    assert rig.tokens == 128 and len(rig.step(lambda: 0)) == 5
+    assert rig.draft.config.draft_vocab_size == default_draft_vocab_size(tiny_target.config.vocab_size)
+    state = torch.get_rng_state()
+    assert probe.train_tokens_per_s(tiny_target, cfg, torch.device("cpu"), steps=1) > 0
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_budgeted_regeneration_splits_with_a_training_rate_timed_here(tiny_target, tmp_path, monkeypatch):
+    """Without --train-tokens-per-s, the budget's split divides by the rate the probe timed on this machine
+    (not the H200 figure); given a rate, nothing is timed."""
+    import eaglet.train.pipeline as pipeline
+    from eaglet.options import RegenConfig
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+    monkeypatch.setattr(pipeline.probe, "train_tokens_per_s", lambda *a: seen.setdefault("probed", 1234.0))
+
+    def regenerate_run(target, data, out, rc, dist, stop_when, *rest):
+        seen["stops"] = (stop_when(0), stop_when(10**6))  # 1M tokens a pass at 1,234 a second: > 600 s
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "regenerate_run", regenerate_run)
+    for rate in (None, 1e9):
+        seen.clear()
+        with pytest.raises(Stop):
+            pipeline.run_train(tiny_target, "builtin", tmp_path / str(rate), TrainConfig(), regen=RegenConfig(),
+                               time_budget_s=600, train_tokens_per_s=rate)
+        assert seen.get("probed") == (1234.0 if rate is None else None)
+        assert seen["stops"] == ((False, True) if rate is None else (False, False))
+
+
 def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_target_dir, tmp_path, monkeypatch):
     """`--time-budget-min` counts every piece of a run: a rerun after an interruption starts its clock where the
     earlier pieces left it (OUT/clock.json), so the pieces together keep to the budget."""
