@@ -86,11 +86,13 @@ def test_one_function_compiles_at_more_shapes_than_dynamos_default_limit(tmp_pat
 
     monkeypatch.setenv("EAGLET_CACHE", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
 
     def triple(x):
         return x * 3
 
-    for n in range(1, 13):
-        step = compiled(triple, f"the tripling for batch {n}", backend="eager", fullgraph=True, dynamic=False)
-        assert step(torch.arange(n)).tolist() == [3 * i for i in range(n)]
+    # config.patch, not monkeypatch: monkeypatch cannot read the old value of a dynamo config entry and
+    # deletes the entry when it undoes, which broke every later compile in the process.
+    with torch._dynamo.config.patch(recompile_limit=8):
+        for n in range(1, 13):
+            step = compiled(triple, f"the tripling for batch {n}", backend="eager", fullgraph=True, dynamic=False)
+            assert step(torch.arange(n)).tolist() == [3 * i for i in range(n)]

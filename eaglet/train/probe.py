@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -29,6 +30,7 @@ from eaglet.train.ttt import TTTLoss
 # batches (session 13's run made 98k a second; its step alone, scripts/train_step_profile.py, 108.8k).
 RUN_OVER_STEP = 0.90
 ROW_TOKENS = 512  # a probe row: the length of a typical answer with its prompt
+CPU_TOKENS = 256  # a probe step's tokens on a CPU, where a step of a whole batch of a 135M target takes a minute
 
 
 class StepRig:
@@ -72,16 +74,19 @@ class StepRig:
 
 def train_tokens_per_s(target: Target, cfg: TrainConfig, device: torch.device, steps: int = 4) -> float:
     """Padded training tokens a second a run of ``cfg`` makes on ``device``: ``steps`` timed steps after two
-    warm-up steps (``--compile-loss`` compiles in the first; the run reuses that compile), times
+    warm-up steps (``--compile-loss`` compiles in the first; the run reuses that compile), of CPU_TOKENS on a
+    CPU, times
     RUN_OVER_STEP. Its memory is handed back before regeneration sizes its batch from what is free, and the
     random state is left as it was (a run resumed past this point, which times nothing, draws the same)."""
 
+    cuda = device.type == "cuda"
+
     def sync() -> None:
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
 
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        rig = StepRig(target, cfg, device)
+    with torch.random.fork_rng(devices=[device.index or 0] if cuda else []):
+        rig = StepRig(target, cfg if cuda else replace(cfg, batch_tokens=min(cfg.batch_tokens, CPU_TOKENS)), device)
         for _ in range(2):
             rig.step()
         sync()
@@ -91,6 +96,6 @@ def train_tokens_per_s(target: Target, cfg: TrainConfig, device: torch.device, s
         sync()
         rate = rig.tokens * steps / (time.perf_counter() - t0) * RUN_OVER_STEP
         del rig
-    if device.type == "cuda":
+    if cuda:
         torch.cuda.empty_cache()
     return rate

@@ -175,6 +175,15 @@ def test_a_budgeted_regeneration_splits_with_a_training_rate_timed_here(tiny_tar
         assert seen["stops"] == ((False, True) if rate is None else (False, False))
 
 
+def test_a_budget_with_no_room_for_training_answers_says_so(tiny_target_dir, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages)} for p in prompts(8, seed=3)])
+    out = tmp_path / "run"
+    assert main(["train", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src), "--out", str(out),
+                 "--regenerate", "--max-new-tokens", "4", "--time-budget-min", "1", "--train-tokens-per-s", "1"]) == 2
+    assert "the time budget ended regeneration before any training answer" in capsys.readouterr().err
+    assert (out / "regenerated.done.json").is_file()
+
+
 def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_target_dir, tmp_path, monkeypatch):
     """`--time-budget-min` counts every piece of a run: a rerun after an interruption starts its clock where the
     earlier pieces left it (OUT/clock.json), so the pieces together keep to the budget."""
