@@ -233,3 +233,12 @@ def test_a_named_recipe_sets_what_the_command_line_leaves_out(tmp_path, monkeypa
     # Without --regenerate it has nothing to set the data of: one sentence, exit 2, nothing run.
     assert main([*base[:5], "--recipe", "chat"]) == 2 and len(seen) == 2
     assert "--recipe chat sets the data --regenerate writes" in capsys.readouterr().err
+
+
+def test_compile_loss_reaches_the_trainers_config():
+    from eaglet import cli_options
+    from eaglet.cli import build_parser
+
+    base = ["train", "--data", "x.jsonl", "--out", "run"]
+    for flags, want in (([], False), (["--compile-loss"], True)):
+        assert cli_options.train(build_parser().parse_args([*base, *flags])).train.compile_loss is want
