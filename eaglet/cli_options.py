@@ -85,7 +85,8 @@ def train(a: Namespace) -> TrainOptions:
                       draft_vocab_size=a.draft_vocab_size, capture_points=a.capture, save_every=a.save_every,
                       val_every=a.val_every, seed=a.seed, autocast=False if a.no_autocast else None,
                       tensorboard=a.tensorboard, aux_norm=a.aux_norm, aux_noise=a.aux_noise,
-                      earlier_turns=not a.target_turns_only, compile_loss=a.compile_loss)
+                      earlier_turns=not a.target_turns_only, compile_loss=a.compile_loss,
+                      fused_ttt_attention=a.fused_ttt_attention)
     return TrainOptions(a.out, a.data, _target(a), cfg, _regen(a) if a.regenerate else None, a.features,
                         a.val_features, a.val_fraction, a.time_budget_min, a.regen_budget_min, a.train_tokens_per_s,
                         a.tp)

@@ -166,6 +166,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--compile-loss", action="store_true",
                    help="fuse the TTT loss's soft cross-entropy with torch.compile (an experiment; its first step "
                         "compiles)")
+    t.add_argument("--fused-ttt-attention", action="store_true",
+                   help="the TTT attention as a causal flash attention plus the chain's keys, without its dense "
+                        "mask (an experiment)")
     t.add_argument("--target-turns-only", action="store_true",
                    help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
     t.add_argument("--lr", type=number(0, low_open=True), default=tc.lr, help="peak learning rate (AdamW)")

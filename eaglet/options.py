@@ -162,6 +162,7 @@ class TrainConfig:
     aux_noise: float = 0.0  # uniform noise in [-aux_noise, aux_noise] on the captured points, training only
     earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
     compile_loss: bool = False  # the TTT loss's soft cross-entropy through torch.compile (ttt.fused_soft_ce)
+    fused_ttt_attention: bool = False  # the TTT attention without its dense mask (draft/ttt_attention.py)
     progress: bool = True
 
     def __post_init__(self) -> None:

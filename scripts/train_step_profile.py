@@ -1,16 +1,17 @@
 """Where one training step's time goes: the target's features, the draft's TTT unroll and its backward,
 the optimizer; then the costliest kernels of whole steps.
 
-    PYTHONPATH=. python scripts/train_step_profile.py --device cuda --batch-tokens 16384 --len 512 --loss eager compiled
+    PYTHONPATH=. python scripts/train_step_profile.py --device cuda --batch-tokens 16384 --len 512
 
 Random weights of a named target shape (scripts/bench_decode.py) and a fresh draft of its shape and a
 draft vocabulary of ``--draft-vocab``, random token rows of ``--len`` tokens (every token an assistant
 token), as ``eaglet train`` runs a step (``eaglet.train.probe.StepRig``, which a budgeted run times before it
 regenerates): ``Featurizer`` (online target forward with capture), ``TTTLoss`` under bf16 autocast on CUDA,
 backward, gradient clipping, AdamW. Times are medians of ``--steps`` after
-two warm-up steps (CUDA events per phase on CUDA, wall clock on the CPU), for each ``--loss``: ``eager``, or
-``compiled`` (the soft cross-entropy through torch.compile, ``eaglet train --compile-loss``; its first warm-up
-step, compile included, is printed too). The shipped SmolLM2 draft's run trained at 0.178 s a step of 16k
+two warm-up steps (CUDA events per phase on CUDA, wall clock on the CPU), for each of ``--variants``: the
+step as ``eaglet train`` runs it by default, with ``--compile-loss`` (the loss's soft cross-entropy through
+torch.compile), with ``--fused-ttt-attention`` (the TTT attention without its dense mask), with both; the
+first warm-up step, a compile included, is printed too. The shipped SmolLM2 draft's run trained at 0.178 s a step of 16k
 padded tokens on the H200 (docs/training.md): this says why.
 """
 
@@ -27,6 +28,9 @@ from eaglet.train.probe import StepRig
 from scripts.bench_decode import random_target
 from scripts.spec_step_costs import kernel_profile
 
+VARIANTS = {"eager": {}, "compile-loss": {"compile_loss": True}, "fused-attention": {"fused_ttt_attention": True},
+            "both": {"compile_loss": True, "fused_ttt_attention": True}}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,8 +42,9 @@ def main() -> None:
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps")
     ap.add_argument("--profile", type=int, default=25, metavar="N", help="the N costliest kernels (CUDA; 0: none)")
-    ap.add_argument("--loss", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"],
-                    help="the TTT loss's soft cross-entropy eager and/or through torch.compile, each timed in turn")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                    help="the step as it runs by default (eager), with --compile-loss, with --fused-ttt-attention, "
+                         "with both: each timed in turn")
     a = ap.parse_args()
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
@@ -58,9 +63,9 @@ def main() -> None:
             return x.elapsed_time(y)
         return (y - x) * 1e3
 
-    for mode in a.loss:
+    for mode in a.variants:
         rig = StepRig(target, TrainConfig(ttt_steps=a.ttt_steps, batch_tokens=a.batch_tokens,
-                                          draft_vocab_size=a.draft_vocab, compile_loss=mode == "compiled"), dev, a.len)
+                                          draft_vocab_size=a.draft_vocab, **VARIANTS[mode]), dev, a.len)
         t0 = time.perf_counter()
         rig.step()
         if cuda:
@@ -75,12 +80,12 @@ def main() -> None:
                 times[p].append(between(x, y))
             times["step"].append(between(m[0], m[-1]))
         print(f"{a.shape}, {len(rig.rows)} rows x {a.len} tokens, draft vocabulary {a.draft_vocab}, "
-              f"{a.ttt_steps} TTT steps, {a.device}, loss {mode}: median ms of {a.steps} steps "
+              f"{a.ttt_steps} TTT steps, {a.device}, variant {mode}: median ms of {a.steps} steps "
               f"(the first step took {first:.1f} s)")
         for p, ts in times.items():
             print(f"{p:>14} {statistics.median(ts):9.2f}")
         if cuda and a.profile:
-            kernel_profile(rig.step, f"whole training steps, loss {mode}", a.profile, reps=3)
+            kernel_profile(rig.step, f"whole training steps, variant {mode}", a.profile, reps=3)
             print(f"peak memory {torch.cuda.max_memory_allocated(dev) / 2**30:.1f} GiB")
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglet.capture import CaptureSpec
+from eaglet.draft import ttt_attention
 from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.models.attention import cached_attention, sdpa
@@ -89,6 +90,7 @@ class DraftAttention(nn.Module):
         self.v_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
         self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         self.register_buffer("qkv", None, persistent=False)  # [(nq+2nkv)*D, 2H], set by fuse_projections
+        self.ttt_fused = False  # training-time test through ttt_attention (TTTLoss sets it; --fused-ttt-attention)
 
     def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
         b, t, _ = x.shape
@@ -105,6 +107,9 @@ class DraftAttention(nn.Module):
             return self.o_proj(out.reshape(b, t, self.n_q * self.d))
         # Training-time test: keys are every earlier step's K/V plus this step's.
         past.append((k.transpose(1, 2), v.transpose(1, 2)))
+        if self.ttt_fused and ttt_attention.applies(q):
+            out = ttt_attention.ttt_attention(q.transpose(1, 2), past)  # [B, nq, T, D]
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_q * self.d))
         keys = torch.cat([p[0] for p in past], dim=2)  # [B, nkv, steps*T, D]
         vals = torch.cat([p[1] for p in past], dim=2)
         # The g query heads of each KV head stacked along the query axis (row h*T + t: head h of the group,

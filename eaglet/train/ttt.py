@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eaglet.draft.model import Eagle3Draft
+from eaglet.draft.model import DraftAttention, Eagle3Draft
 from eaglet.kv_cache import AttnMeta
 
 SERVE_WINDOW = 128  # answer tokens ``acc_serve_j`` looks at: a typical benchmark answer's length
@@ -88,14 +88,19 @@ fused_soft_ce = torch.compile(soft_ce, dynamic=True)
 
 class TTTLoss(nn.Module):
     """The whole unroll as one module, so DDP sees a single forward per training step. ``compile_loss``: the
-    soft cross-entropy through torch.compile (``fused_soft_ce``; --compile-loss)."""
+    soft cross-entropy through torch.compile (``fused_soft_ce``; --compile-loss); ``fused_attention``: the
+    draft's attention without the dense mask (``draft.ttt_attention``; --fused-ttt-attention)."""
 
-    def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8, compile_loss: bool = False):
+    def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8, compile_loss: bool = False,
+                 fused_attention: bool = False):
         super().__init__()
         self.draft = draft
         self.steps = steps
         self.decay = decay
         self.soft_ce = fused_soft_ce if compile_loss else soft_ce
+        for m in draft.modules():
+            if isinstance(m, DraftAttention):
+                m.ttt_fused = fused_attention
 
     def forward(self, aux: torch.Tensor, emb: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                 target_logp: torch.Tensor, target_top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

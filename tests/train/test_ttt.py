@@ -128,8 +128,10 @@ def test_answer_index_counts_within_each_assistant_turn():
     assert answer_index(mask).tolist() == [[-1, 0, 1, 2, -1, -1, 0, 1], [0, 1, -1, 0, -1, 0, 1, 2]]
 
 
-def test_compiled_soft_cross_entropy_equals_eager():
-    """--compile-loss: the loss, statistics and gradients of the eager loss (float32), from a compiled graph."""
+@pytest.mark.parametrize("variant", ["compile_loss", "fused_attention"])
+def test_loss_variants_equal_the_default(variant):
+    """--compile-loss (from a compiled graph) and --fused-ttt-attention: the default loss's value, statistics
+    and gradients (float32, CPU)."""
     from torch._dynamo.utils import counters
 
     steps, b, t_len = 3, 2, 10
@@ -138,15 +140,56 @@ def test_compiled_soft_cross_entropy_equals_eager():
     aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
     target_logp, target_top = torch.randn(b, t_len, 20).log_softmax(-1), torch.randint(0, 50, (b, t_len))
     results = []
-    for compiled in (False, True):
+    for on in (False, True):
         d = _draft(vocab=20)
         frames = counters["stats"]["unique_graphs"]
-        loss, stats = TTTLoss(d, steps, 0.5, compile_loss=compiled)(aux, emb, ids, mask, target_logp, target_top)
+        loss, stats = TTTLoss(d, steps, 0.5, **{variant: on})(aux, emb, ids, mask, target_logp, target_top)
         loss.backward()
-        assert (counters["stats"]["unique_graphs"] > frames) == compiled
+        assert (counters["stats"]["unique_graphs"] > frames) == (on and variant == "compile_loss")
         results.append((loss.detach(), stats, [p.grad for p in d.parameters()]))
     (loss0, stats0, grads0), (loss1, stats1, grads1) = results
     torch.testing.assert_close(loss1, loss0)
     torch.testing.assert_close(stats1, stats0)
     for g0, g1 in zip(grads0, grads1):
         torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("step", [0, 1, 3])
+def test_fused_ttt_attention_equals_the_masked_attention(step):
+    """Flash over the causal step-0 keys plus the chain's keys, merged by log-sum-exp: the masked dense
+    attention's output and gradients (GQA, float32, CPU)."""
+    from eaglet.draft.ttt_attention import ttt_attention
+
+    b, nq, nkv, t, d = 2, 4, 2, 12, 8
+    torch.manual_seed(step)
+    q = torch.randn(b, nq, t, d, requires_grad=True)
+    past = [tuple(torch.randn(b, nkv, t, d, requires_grad=True) for _ in range(2)) for _ in range(step + 1)]
+    keys, vals = (torch.cat([p[i] for p in past], dim=2).repeat_interleave(nq // nkv, dim=1) for i in (0, 1))
+    mask = ttt_mask(t, step + 1, "cpu")
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+    got = ttt_attention(q, past)
+    torch.testing.assert_close(got, want)
+    leaves = [q, *(x for p in past for x in p)]
+    dout = torch.randn_like(want)
+    for g_got, g_want in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(want, leaves, dout)):
+        torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_ttt_attention_on_cuda_in_bfloat16():
+    """The flash kernels of CUDA (their saved state passed to the backward) against the masked attention."""
+    from eaglet.draft.ttt_attention import ttt_attention
+
+    b, nq, nkv, t, d, step = 2, 9, 3, 128, 64, 4
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, nq, t, d, device="cuda", generator=g).bfloat16().requires_grad_()
+    past = [tuple(torch.randn(b, nkv, t, d, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(2))
+            for _ in range(step + 1)]
+    keys, vals = (torch.cat([p[i] for p in past], dim=2).repeat_interleave(nq // nkv, dim=1) for i in (0, 1))
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=ttt_mask(t, step + 1, "cuda"))
+    got = ttt_attention(q, past)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    leaves = [q, *(x for p in past for x in p)]
+    dout = torch.randn_like(want)
+    for g_got, g_want in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(want, leaves, dout)):
+        torch.testing.assert_close(g_got.float(), g_want.float(), rtol=5e-2, atol=5e-2)
