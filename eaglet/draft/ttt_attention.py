@@ -16,6 +16,17 @@ from __future__ import annotations
 import torch
 
 
+def _dots(x: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] with each of the chain's J vectors at its own anchor, chain [B, H, T, J, D] -> [B, H, T, J]
+    (an elementwise product and a sum: a batched GEMM of 1 x D x J matrices would be millions of tiny ones)."""
+    return (x.float().unsqueeze(-2) * chain.float()).sum(-1)
+
+
+def _mix(w: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
+    """w [B, H, T, J], chain [B, H, T, J, D] -> sum_j w_j chain_j [B, H, T, D] (float32)."""
+    return (w.unsqueeze(-1) * chain.float()).sum(-2)
+
+
 def applies(q: torch.Tensor) -> bool:
     """The flash kernels behind it: any dtype on the CPU, half precision on CUDA."""
     return q.device.type == "cpu" or (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16))
@@ -45,11 +56,11 @@ class _TTTAttention(torch.autograd.Function):
         """q, k0, v0 [B, H, T, D]; kc, vc [B, H, T, J, D] the chain's keys and values (J >= 1)."""
         with torch.autocast(q.device.type, enabled=False):
             out_c, lse_c, saved = _causal(q, k0, v0, scale)
-            s = torch.einsum("bhtd,bhtjd->bhtj", q.float(), kc.float()) * scale  # [B, H, T, J]
+            s = _dots(q, kc) * scale  # [B, H, T, J]
             top = torch.maximum(lse_c, s.amax(-1))  # [B, H, T]
             w_c, w = (lse_c - top).exp(), (s - top.unsqueeze(-1)).exp()
             z = w_c + w.sum(-1)
-            out = w_c.unsqueeze(-1) * out_c.float() + torch.einsum("bhtj,bhtjd->bhtd", w, vc.float())
+            out = w_c.unsqueeze(-1) * out_c.float() + _mix(w, vc)
             out = (out / z.unsqueeze(-1)).to(q.dtype)
             lse = top + z.log()
         ctx.scale, ctx.saved = scale, saved
@@ -63,10 +74,10 @@ class _TTTAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             dout = dout.contiguous()
             dq_c, dk0, dv0 = _causal_backward(dout, q, k0, v0, out, lse, scale, ctx.saved)
-            p = (torch.einsum("bhtd,bhtjd->bhtj", q.float(), kc.float()) * scale - lse.unsqueeze(-1)).exp()
+            p = (_dots(q, kc) * scale - lse.unsqueeze(-1)).exp()  # [B, H, T, J] the chain's share of attention
             delta = (dout.float() * out.float()).sum(-1, keepdim=True)  # [B, H, T, 1]
-            ds = p * (torch.einsum("bhtd,bhtjd->bhtj", dout.float(), vc.float()) - delta)  # [B, H, T, J]
-            dq = dq_c.float() + torch.einsum("bhtj,bhtjd->bhtd", ds, kc.float()) * scale
+            ds = p * (_dots(dout, vc) - delta)  # [B, H, T, J]
+            dq = dq_c.float() + _mix(ds, kc) * scale
             dkc = ds.unsqueeze(-1) * q.float().unsqueeze(-2) * scale  # [B, H, T, J, D]
             dvc = p.unsqueeze(-1) * dout.float().unsqueeze(-2)
         return dq.to(q.dtype), dk0, dv0, dkc.to(kc.dtype), dvc.to(vc.dtype), None
