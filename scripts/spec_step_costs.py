@@ -52,19 +52,6 @@ def cuda_ms(fn, reps: int = 30) -> float:
     return start.elapsed_time(end) / reps
 
 
-def wall_ms(fn, state, reps: int = 30) -> float:
-    """Median wall milliseconds of ``fn`` (a whole engine call: the iteration and its host work), rows idle.
-    The engine's own ``_measure`` takes the median of 3, enough to rank trees but not to read 0.1 ms from:
-    in session 16 it put the host's share of a 4,1,5 call at 0.52 ms, in session 15 at 0.085."""
-    times = []
-    with state.idle():
-        for _ in range(reps + 3):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return sorted(times[3:])[reps // 2] * 1e3
-
-
 def kernel_profile(fn, label: str, top: int, reps: int = 10) -> dict:
     """Kernels of ``reps`` replays of ``fn`` (CUPTI sees the kernels inside a CUDA graph): how many a replay
     launches, their summed GPU time against the replay's wall time (the rest is gaps between kernels), and
@@ -165,7 +152,9 @@ def main() -> None:
             compile_s = time.perf_counter() - t0
             with state.idle():
                 full = cuda_ms(it._run)
-            call = wall_ms(lambda: it(None), state)  # noqa: B023 (called at once)
+            # A median of 30: the engine's 3 (enough to rank trees) put the host's share of a 4,1,5 call at
+            # 0.52 ms in session 16, 0.085 in session 15.
+            call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(), "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}

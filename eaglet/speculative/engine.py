@@ -277,15 +277,16 @@ class SpecEngine:
                                                self.compile, self.use_graphs, state.roots, state.active)
         return self._chunks[batch]
 
-    def _measure(self, fn: Callable[[], object], state: _State) -> float:
-        """Median seconds of ``fn`` run with every row idle (nothing committed)."""
+    def _measure(self, fn: Callable[[], object], state: _State, reps: int = 3) -> float:
+        """Median seconds of ``reps`` runs of ``fn`` with every row idle (nothing committed), after two warm-up
+        runs. The policy's 3 rank trees; reading 0.1 ms from one call takes more (scripts/spec_step_costs.py)."""
         times = []
         with state.idle():
-            for _ in range(5):  # the first two warm up
+            for _ in range(reps + 2):
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
-        return sorted(times[2:])[1]
+        return sorted(times[2:])[reps // 2]
 
     def _costs(self, batch: int, cfg: TreeConfig, params: SamplingParams) -> None:
         """Time a plain step and this tree's iteration once (per engine, batch size and tree).

@@ -169,19 +169,18 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
             data = regenerate_run(target, data, out, regen, dist, stop_when, val_fraction, cfg.progress)
     elif data == BUILTIN:  # the CLI refuses this before loading; here for callers of run_train
         raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
-    no_room = EagletError("the time budget ended regeneration before any training answer: at this machine's "
-                          "training rate it held room for none; raise --time-budget-min (or set --train-tokens-per-s) "
-                          f"and remove {out / 'regenerated.done.json'} to regenerate more")
     budget_cut = regen is not None and regen_done(out) is not None
     try:
         convs = [c for c in load_conversations(data) if c.has_answer]
     except EagletError:
-        if budget_cut:  # nothing written at all
-            raise no_room from None
-        raise
+        if not budget_cut:
+            raise
+        convs = []  # the budget ended regeneration before anything was written
     train_convs, val_convs = split_train_val(convs, val_fraction)
     if not train_convs and budget_cut:
-        raise no_room
+        raise EagletError("the time budget ended regeneration before any training answer: at this machine's "
+                          "training rate it held room for none; raise --time-budget-min (or set --train-tokens-per-s) "
+                          f"and remove {out / 'regenerated.done.json'} to regenerate more")
     if not convs:
         raise EagletError(f"{data} holds no assistant answers to train on; regenerate them first "
                           "(eaglet data regenerate, or eaglet train --regenerate)")

@@ -75,10 +75,8 @@ class StepRig:
 def train_tokens_per_s(target: Target, cfg: TrainConfig, device: torch.device, steps: int = 4) -> float:
     """Padded training tokens a second a run of ``cfg`` makes on ``device``: ``steps`` timed steps after two
     warm-up steps (``--compile-loss`` compiles in the first; the run reuses that compile), of CPU_TOKENS on a
-    CPU, times
-    RUN_OVER_STEP. Its memory is handed back before regeneration sizes its batch from what is free, and the
-    random state is left as it was (a run resumed past this point, which times nothing, draws the same)."""
-
+    CPU, times RUN_OVER_STEP. Its memory is handed back before regeneration sizes its batch from what is free,
+    and the random state is left as it was (a run resumed past this point, which times nothing, draws the same)."""
     cuda = device.type == "cuda"
 
     def sync() -> None:
