@@ -119,7 +119,8 @@ class DraftAttention(nn.Module):
         g = self.n_q // self.n_kv
         qg = q.transpose(1, 2).reshape(b, self.n_kv, g * t, self.d)  # [B, nkv, g*T, D]
         out = sdpa(qg, keys, vals, attn_mask=meta.mask.repeat(1, 1, g, 1))  # [B, nkv, g*T, D]
-        return self.o_proj(out.view(b, self.n_q, t, self.d).transpose(1, 2).reshape(b, t, self.n_q * self.d))
+        # reshape, not view: CUDA's kernels return [B, nkv, g*T, D] in a [B, g*T, nkv, D] layout.
+        return self.o_proj(out.reshape(b, self.n_q, t, self.d).transpose(1, 2).reshape(b, t, self.n_q * self.d))
 
 
 class DraftMLP(nn.Module):

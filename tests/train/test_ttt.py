@@ -193,3 +193,48 @@ def test_fused_ttt_attention_on_cuda_in_bfloat16():
     dout = torch.randn_like(want)
     for g_got, g_want in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(want, leaves, dout)):
         torch.testing.assert_close(g_got.float(), g_want.float(), rtol=5e-2, atol=5e-2)
+
+
+def _loss_inputs(seed: int, device: str = "cpu"):
+    b, t_len = 2, 10
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = torch.randint(0, 50, (b, t_len), generator=g), torch.rand(b, t_len, generator=g) > 0.3
+    aux, emb = torch.randn(b, t_len, 96, generator=g), torch.randn(b, t_len, 32, generator=g)
+    logp, top = torch.randn(b, t_len, 20, generator=g).log_softmax(-1), torch.randint(0, 50, (b, t_len), generator=g)
+    return [x.to(device) for x in (aux, emb, ids, mask, logp, top)]
+
+
+def test_ttt_attention_takes_the_layout_cuda_kernels_return(monkeypatch):
+    """CUDA's SDPA kernels return [B, H, T, D] stored as [B, T, H, D] (not viewable as [B, nq, T, D]): the
+    loss and its gradients are those of a contiguous result (session 17's H200 run failed on a view here)."""
+    from eaglet.draft import model
+
+    def strided(*args, **kw):
+        out = torch.nn.functional.scaled_dot_product_attention(*args, **kw)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    results = []
+    for patch in (False, True):
+        if patch:
+            monkeypatch.setattr(model, "sdpa", strided)
+        d = _draft(vocab=20)
+        loss, _ = TTTLoss(d, 3, 0.5)(*_loss_inputs(3))
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in d.parameters()]))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for g0, g1 in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(g1, g0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fused", [False, True])
+def test_ttt_loss_on_cuda_in_bfloat16_matches_the_cpu(fused):
+    """The training step as `eaglet train` runs it on a GPU (bf16 autocast, CUDA's attention kernels):
+    forward and backward run, and the loss is the float32 CPU loss's within bf16's rounding."""
+    want, _ = TTTLoss(_draft(vocab=20), 3, 0.5, fused_attention=fused)(*_loss_inputs(4))
+    d = _draft(vocab=20).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got, _ = TTTLoss(d, 3, 0.5, fused_attention=fused)(*_loss_inputs(4, "cuda"))
+    got.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in d.parameters() if p.requires_grad)
+    torch.testing.assert_close(got.float().cpu(), want, rtol=3e-2, atol=3e-2)
