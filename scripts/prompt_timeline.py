@@ -73,18 +73,19 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--compile-prefill", action="store_true", help="the prefill buckets fused (the engines' flag)")
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     target = load_target(a.target, dtype=dtype, device=a.device)
     device = target.model.embed.weight.device
     prompts = [encode_chat(target.tokenizer, p.messages) for p in load_prompt_sets(a.prompts, a.limit)]
     params = SamplingParams(max_new_tokens=a.max_new_tokens)
-    gens = {"plain": PlainGenerator(target)}
+    gens = {"plain": PlainGenerator(target, compile_prefill=a.compile_prefill)}
     if a.draft != "none":
         from eaglet.speculative.load import resolve_draft, spec_engine
 
-        gens["spec"] = spec_engine(target, resolve_draft(a.draft, target), None, EngineOptions(policy=False),
-                                   lambda _: None)
+        options = EngineOptions(policy=False, compile_prefill=a.compile_prefill)
+        gens["spec"] = spec_engine(target, resolve_draft(a.draft, target), None, options, lambda _: None)
     print(f"{'method':>6} {'prompts':>7} {'tokens':>7} {'open':>7} {'admit':>7} {'step':>7} {'steps':>7} "
           f"{'last':>7} {'release':>8} {'spare':>6}  (ms, medians; tokens, steps and spare steps: means a prompt)")
     for name, gen in gens.items():
