@@ -55,9 +55,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="fuse the speculative engine's iteration with torch.compile before graph capture "
                         "(default: on with CUDA graphs; compiles once per batch size and tree; docs/speculative.md)")
-    p.add_argument("--compile-prefill", action="store_true",
-                   help="experimental: fuse the prefill's captured buckets with torch.compile too (CUDA; fewer "
-                        "kernels a joining prompt, a compile per shape class at first use; docs/performance.md)")
+    p.add_argument("--compile-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="fuse the prefill's captured buckets with torch.compile too (CUDA): ~3 ms less a joining "
+                        "prompt on an H200 for ~20-40 s more at start (default: on with CUDA graphs, off in "
+                        "generate; docs/performance.md)")
     p.add_argument("--draft-vocab", type=integer(1), default=None, metavar="N",
                    help="serve the draft with the N most frequent tokens of its vocabulary (drafts eaglet trained "
                         "since 2026-12-02 list it by frequency; default: 12288 on a CPU, where the draft's LM head "

@@ -10,9 +10,13 @@ printing --help stay quick: a dtype is a name until a model loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from eaglet.capture import CaptureSpec
 from eaglet.errors import EagletError
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_TARGET = "smollm2-135m"
 BENCH_METHODS = ("plain", "spec", "hf", "hf-lookup")
@@ -123,10 +127,16 @@ class EngineOptions:
     tree: TreeConfig | None = None  # None: automatic, per batch size
     compile: bool | None = None  # torch.compile the iteration; None: with CUDA graphs
     policy: bool = True  # may step down to smaller trees or plain decoding when speculation is slower
-    compile_prefill: bool = False  # fuse the prefill buckets' forwards before capture (an experiment)
+    # Fuse the prefill buckets' forwards with torch.compile before capture; None: where they are captured (CUDA),
+    # except in `generate` (one prompt: ~3 ms saved for a compile of ~20-40 s; docs/performance.md, session 18).
+    compile_prefill: bool | None = None
     # Serve a frequency-ordered draft with its N most frequent tokens; None: the device's default
     # (speculative.load.SERVE_VOCAB: 12288 on a CPU, where the LM head is much of a draft step; all on a GPU).
     draft_vocab: int | None = None
+
+    def fused_prefill(self, device: torch.device) -> bool:
+        """Whether the engines on ``device`` fuse their prefill buckets: --compile-prefill as given, else on CUDA."""
+        return device.type == "cuda" if self.compile_prefill is None else self.compile_prefill
 
     @property
     def tree_flags(self) -> tuple[int | None, int | None, int | None]:

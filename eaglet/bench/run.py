@@ -80,8 +80,9 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
 
     decisions: list[str] = []
     generators, draft_path = {}, None
+    fused_prefill = cfg.engine.fused_prefill(target.model.embed.weight.device)
     if "plain" in cfg.methods:
-        generators["plain"] = PlainGenerator(target, t.max_context, compile_prefill=cfg.engine.compile_prefill)
+        generators["plain"] = PlainGenerator(target, t.max_context, compile_prefill=fused_prefill)
     if "spec" in cfg.methods:
         from eaglet.speculative.load import resolve_draft, spec_engine
 
@@ -145,7 +146,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
         "top_k": params.top_k, "seed": params.seed, "batch_size": cfg.batch_size, "device": t.device, "tp": tp.size,
         "dtype": t.dtype, "tree_flags": list(cfg.engine.tree_flags), "spec_decisions": decisions,
-        "compile_engine": cfg.engine.compile, "compile_prefill": cfg.engine.compile_prefill,
+        "compile_engine": cfg.engine.compile, "compile_prefill": fused_prefill,
         "policy": cfg.engine.policy,
         "draft_vocab": generators["spec"].draft.config.draft_vocab_size if "spec" in generators else None,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),

@@ -50,7 +50,7 @@ def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
     if draft_path is None:
         say("no draft; plain decoding")
         return PlainGenerator(target, t.max_context, compile=cfg.engine.compile,
-                              compile_prefill=cfg.engine.compile_prefill)
+                              compile_prefill=cfg.engine.fused_prefill(target.model.embed.weight.device))
     say(f"draft {draft_path}")
     return spec_engine(target, draft_path, t.max_context, cfg.engine)
 

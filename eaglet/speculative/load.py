@@ -73,4 +73,4 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
     kw = {} if log is None else {"log": log}  # None: the engine's own notes on stderr
     return SpecEngine(target, load_engine_draft(path, target, options.draft_vocab), max_context,
                       *options.tree_flags, compile=options.compile, adaptive=options.policy,
-                      compile_prefill=options.compile_prefill, **kw)
+                      compile_prefill=options.fused_prefill(target.model.embed.weight.device), **kw)

@@ -177,6 +177,41 @@ def test_compile_and_policy_flags_reach_the_engine(chat_model_dir, draft_dir, tm
     assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_engine"] is True
 
 
+def test_the_prefill_is_fused_by_default_where_captured_except_in_generate(chat_model_dir, draft_dir, tmp_path,
+                                                                           monkeypatch):
+    """--compile-prefill unset: the engines fuse their prefill buckets where they are captured (CUDA), in bench and
+    serve; generate does not (one prompt: the compile costs far more than the ms it saves); either form of the
+    flag decides where given."""
+    import torch
+
+    import eaglet.speculative
+    from eaglet.options import EngineOptions
+    from eaglet.speculative import SpecEngine
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert EngineOptions().fused_prefill(cuda) and not EngineOptions().fused_prefill(cpu)
+    assert not EngineOptions(compile_prefill=False).fused_prefill(cuda)
+    assert EngineOptions(compile_prefill=True).fused_prefill(cpu)
+
+    asked = []
+
+    class Recording(SpecEngine):
+        def __init__(self, *a, compile_prefill=False, **kw):
+            asked.append(compile_prefill)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(eaglet.speculative, "SpecEngine", Recording)
+    monkeypatch.setattr(EngineOptions, "fused_prefill", lambda self, device: self.compile_prefill is not False)  # CUDA
+    common = ["--target", str(chat_model_dir), "--draft", str(draft_dir), "--max-new-tokens", "2"]
+    bench = ["bench", *common, "--methods", "spec", "--limit", "1", "--out", str(tmp_path)]
+    assert main(["generate", *common, "--prompt", "the fox"]) == 0
+    assert main(["generate", *common, "--prompt", "the fox", "--compile-prefill"]) == 0
+    assert main(bench) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["config"]["compile_prefill"] is True
+    assert main([*bench, "--no-compile-prefill"]) == 0
+    assert asked == [False, True, True, False]
+
+
 def test_a_frequency_ordered_draft_serves_the_vocabulary_asked_or_the_devices_default(chat_model_dir, draft_dir,
                                                                                      tmp_path, monkeypatch):
     """--draft-vocab cuts a frequency-ordered draft's vocabulary to its first N tokens; without it a CPU serves
