@@ -163,12 +163,12 @@ def _add_train_parser(sub) -> None:
                         "draft and applied in serving too); --no-aux-norm for a draft other engines can load")
     t.add_argument("--aux-noise", type=number(0), default=tc.aux_noise, metavar="SIGMA",
                    help="training only: add uniform noise in [-SIGMA, SIGMA] to the captured points; 0 = off")
-    t.add_argument("--compile-loss", action="store_true",
-                   help="fuse the TTT loss's soft cross-entropy with torch.compile (an experiment; its first step "
-                        "compiles)")
-    t.add_argument("--fused-ttt-attention", action="store_true",
+    t.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="fuse the TTT loss's soft cross-entropy with torch.compile (its first step compiles; "
+                        "default: on CUDA)")
+    t.add_argument("--fused-ttt-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the TTT attention as a causal flash attention plus the chain's keys, without its dense "
-                        "mask (an experiment)")
+                        "mask (default: on CUDA; the same loss and gradients as the masked one)")
     t.add_argument("--target-turns-only", action="store_true",
                    help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
     t.add_argument("--lr", type=number(0, low_open=True), default=tc.lr, help="peak learning rate (AdamW)")

@@ -171,9 +171,18 @@ class TrainConfig:
     aux_norm: bool = True
     aux_noise: float = 0.0  # uniform noise in [-aux_noise, aux_noise] on the captured points, training only
     earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
-    compile_loss: bool = False  # the TTT loss's soft cross-entropy through torch.compile (ttt.fused_soft_ce)
-    fused_ttt_attention: bool = False  # the TTT attention without its dense mask (draft/ttt_attention.py)
+    # The TTT loss's soft cross-entropy through torch.compile (ttt.fused_soft_ce), and the TTT attention without
+    # its dense mask (draft/ttt_attention.py); None: on CUDA, where together they took the H200's step of
+    # 16k tokens from 134 to 111 ms (docs/training.md, session 18), off on the CPU (a compile outweighs it).
+    compile_loss: bool | None = None
+    fused_ttt_attention: bool | None = None
     progress: bool = True
+
+    def fast_ttt(self, device: torch.device) -> tuple[bool, bool]:
+        """(compile_loss, fused_ttt_attention) for a run on ``device``: as given, else on CUDA."""
+        on = device.type == "cuda"
+        return (on if self.compile_loss is None else self.compile_loss,
+                on if self.fused_ttt_attention is None else self.fused_ttt_attention)
 
     def __post_init__(self) -> None:
         checks = [(self.ttt_steps >= 1, "--ttt-steps must be >= 1"),

@@ -82,7 +82,7 @@ class Trainer:
         max_len = cfg.seq_len(tc.max_position_embeddings)
         self.train_feats = Featurizer(target, self.capture, draft_ids, train, dev, max_len)
         self.val_feats = Featurizer(target, self.capture, draft_ids, val, dev, max_len) if val is not None else None
-        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, cfg.compile_loss, cfg.fused_ttt_attention)
+        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, *cfg.fast_ttt(dev))
         self.model = self.loss
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel

@@ -235,10 +235,19 @@ def test_a_named_recipe_sets_what_the_command_line_leaves_out(tmp_path, monkeypa
     assert "--recipe chat sets the data --regenerate writes" in capsys.readouterr().err
 
 
-def test_compile_loss_reaches_the_trainers_config():
+def test_the_fast_ttt_flags_reach_the_trainers_config_and_default_to_cuda():
+    """--compile-loss and --fused-ttt-attention, either form, reach TrainConfig; unset, a run fuses both on CUDA
+    and neither on the CPU (where a compile outweighs what it saves)."""
+    import torch
+
     from eaglet import cli_options
     from eaglet.cli import build_parser
 
     base = ["train", "--data", "x.jsonl", "--out", "run"]
-    for flags, want in (([], False), (["--compile-loss"], True)):
-        assert cli_options.train(build_parser().parse_args([*base, *flags])).train.compile_loss is want
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for flags, want_cuda, want_cpu in (([], (True, True), (False, False)),
+                                       (["--compile-loss"], (True, True), (True, False)),
+                                       (["--no-compile-loss", "--fused-ttt-attention"], (False, True), (False, True)),
+                                       (["--no-fused-ttt-attention"], (True, False), (False, False))):
+        cfg = cli_options.train(build_parser().parse_args([*base, *flags])).train
+        assert (cfg.fast_ttt(cuda), cfg.fast_ttt(cpu)) == (want_cuda, want_cpu), flags
