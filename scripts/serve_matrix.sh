@@ -2,7 +2,9 @@
 # The serving numbers of docs/performance.md: `eaglet serve` measured from the client side by
 # `eaglet bench --endpoint` at each concurrency, speculation on (the shipped draft) and off,
 # then the offline `eaglet bench` at batch 1 on the same prompts (the server at concurrency 1
-# should be within 10% of it). Prints one table at the end.
+# should be within 10% of it). Prints one table at the end, with the mean time to the first token as
+# the client saw it beside the server's own (its /metrics histogram, scraped after each level): the
+# difference is what HTTP, templating and delivery add.
 #
 #   scripts/serve_matrix.sh [TARGET] [OUTDIR]            (defaults: smollm2-135m runs/serve)
 #
@@ -52,6 +54,9 @@ for draft in ${DRAFTS-default none}; do
     timeout "${RUN_TIMEOUT:-300}" python3 -m eaglet.cli bench --endpoint "http://127.0.0.1:$port" --prompts "$prompts" \
       --limit "$n" --max-new-tokens "$max_new" --concurrency "$c" --out "$out/$draft-c$c" >"$out/$draft-c$c.log" 2>&1
     echo "concurrency $c: exit $?"
+    # the server's own counters after each level (cumulative): its arrival-to-first-token beside the client's
+    python3 -c 'import sys, httpx; print(httpx.get(sys.argv[1], timeout=10).text)' \
+      "http://127.0.0.1:$port/metrics" >"$out/$draft-c$c.metrics" 2>/dev/null
   done
   kill -TERM "$server"
   wait "$server"
@@ -74,7 +79,31 @@ def load(p):
         return json.loads((p / "report.json").read_text())
     except (OSError, ValueError):
         return None
-print(f"{'run':<14}{'tok/s':>9}{'spec/plain':>11}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>9}{'itl p99':>9}{'failed':>8}")
+def mean_ttft(r):
+    got = [q["ttft"] for q in r.get("requests", []) if q.get("ttft") is not None]
+    return sum(got) / len(got) if got else None
+def server_ttft(d, c):
+    """Mean arrival-to-first-token inside the server over level c's requests (its histogram after c, less
+    after the level before), or None without the scrapes."""
+    def read(level):
+        try:
+            text = (out / f"{d}-c{level}.metrics").read_text()
+        except OSError:
+            return None
+        got = {}
+        for line in text.splitlines():
+            for k in ("_sum", "_count"):
+                if line.startswith("eaglet_time_to_first_token_seconds" + k + " "):
+                    got[k] = float(line.split()[1])
+        return got if len(got) == 2 else None
+    now = read(c)
+    i = levels.index(c)
+    before = read(levels[i - 1]) if i else {"_sum": 0.0, "_count": 0.0}
+    if now is None or before is None or now["_count"] <= before["_count"]:
+        return None
+    return (now["_sum"] - before["_sum"]) / (now["_count"] - before["_count"])
+print(f"{'run':<14}{'tok/s':>9}{'spec/plain':>11}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>9}{'itl p99':>9}{'failed':>8}"
+      f"{'ttft mean':>10}{'in server':>10}")
 for c in levels:
     got = {d: load(out / f"{d}-c{c}") for d in ("default", "none")}
     for d, name in (("none", "plain"), ("default", "spec")):
@@ -88,7 +117,8 @@ for c in levels:
             ratio = f"{s['output_tok_per_s'] / got['none']['summary']['output_tok_per_s']:.2f}x"
         ms = lambda x: f"{1000 * x:.1f}" if x is not None else "-"
         print(f"{name + ' c' + c:<14}{s['output_tok_per_s']:>9.1f}{ratio:>11}{ms(s['ttft_s']['median']):>10}"
-              f"{ms(s['ttft_s']['p99']):>10}{ms(s['itl_s']['median']):>9}{ms(s['itl_s']['p99']):>9}{s['failed']:>8}")
+              f"{ms(s['ttft_s']['p99']):>10}{ms(s['itl_s']['median']):>9}{ms(s['itl_s']['p99']):>9}{s['failed']:>8}"
+              f"{ms(mean_ttft(r)):>10}{ms(server_ttft(d, c)):>10}")
 off = load(out / "offline")
 if off:
     m = off["methods"]
@@ -97,5 +127,6 @@ if off:
     c1 = load(out / "default-c1")
     if c1 and m.get("spec", {}).get("tokens_per_s"):
         print(f"server spec c1 / offline spec b1: {c1['summary']['output_tok_per_s'] / m['spec']['tokens_per_s']:.2f}")
-print("(ms; tok/s = completion tokens over the run's wall time)")
+print("(ms; tok/s = completion tokens over the run's wall time; ttft mean: the client's, in server: from the "
+      "request's arrival, tokenized, to its first token, the server's histogram)")
 EOF
