@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_TARGET = "smollm2-135m"
+
+
+def on_cuda_unless_given(flag: bool | None, device: torch.device) -> bool:
+    """A tri-state option's value on ``device``: as given, else on where ``device`` is CUDA."""
+    return device.type == "cuda" if flag is None else flag
 BENCH_METHODS = ("plain", "spec", "hf", "hf-lookup")
 
 
@@ -136,7 +141,7 @@ class EngineOptions:
 
     def fused_prefill(self, device: torch.device) -> bool:
         """Whether the engines on ``device`` fuse their prefill buckets: --compile-prefill as given, else on CUDA."""
-        return device.type == "cuda" if self.compile_prefill is None else self.compile_prefill
+        return on_cuda_unless_given(self.compile_prefill, device)
 
     @property
     def tree_flags(self) -> tuple[int | None, int | None, int | None]:
@@ -180,9 +185,7 @@ class TrainConfig:
 
     def fast_ttt(self, device: torch.device) -> tuple[bool, bool]:
         """(compile_loss, fused_ttt_attention) for a run on ``device``: as given, else on CUDA."""
-        on = device.type == "cuda"
-        return (on if self.compile_loss is None else self.compile_loss,
-                on if self.fused_ttt_attention is None else self.fused_ttt_attention)
+        return on_cuda_unless_given(self.compile_loss, device), on_cuda_unless_given(self.fused_ttt_attention, device)
 
     def __post_init__(self) -> None:
         checks = [(self.ttt_steps >= 1, "--ttt-steps must be >= 1"),

@@ -82,26 +82,23 @@ def load(p):
 def mean_ttft(r):
     got = [q["ttft"] for q in r.get("requests", []) if q.get("ttft") is not None]
     return sum(got) / len(got) if got else None
-def server_ttft(d, c):
-    """Mean arrival-to-first-token inside the server over level c's requests (its histogram after c, less
-    after the level before), or None without the scrapes."""
-    def read(level):
-        try:
-            text = (out / f"{d}-c{level}.metrics").read_text()
-        except OSError:
-            return None
-        got = {}
-        for line in text.splitlines():
-            for k in ("_sum", "_count"):
-                if line.startswith("eaglet_time_to_first_token_seconds" + k + " "):
-                    got[k] = float(line.split()[1])
-        return got if len(got) == 2 else None
-    now = read(c)
-    i = levels.index(c)
-    before = read(levels[i - 1]) if i else {"_sum": 0.0, "_count": 0.0}
-    if now is None or before is None or now["_count"] <= before["_count"]:
+def ttft_totals(d, level):
+    """(sum, count) of the server's arrival-to-first-token histogram scraped after ``level``, or None."""
+    try:
+        lines = (out / f"{d}-c{level}.metrics").read_text().splitlines()
+    except OSError:
         return None
-    return (now["_sum"] - before["_sum"]) / (now["_count"] - before["_count"])
+    name = "eaglet_time_to_first_token_seconds"
+    got = {k: float(x.split()[1]) for x in lines for k in ("_sum", "_count") if x.startswith(f"{name}{k} ")}
+    return (got["_sum"], got["_count"]) if len(got) == 2 else None
+def server_ttft(d, c):
+    """Mean arrival-to-first-token inside the server over level c's requests (the histogram is cumulative:
+    after c, less after the level before), or None without the scrapes."""
+    i = levels.index(c)
+    now, before = ttft_totals(d, c), ttft_totals(d, levels[i - 1]) if i else (0.0, 0.0)
+    if now is None or before is None or now[1] <= before[1]:
+        return None
+    return (now[0] - before[0]) / (now[1] - before[1])
 print(f"{'run':<14}{'tok/s':>9}{'spec/plain':>11}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>9}{'itl p99':>9}{'failed':>8}"
       f"{'ttft mean':>10}{'in server':>10}")
 for c in levels:
