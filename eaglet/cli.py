@@ -170,6 +170,9 @@ def _add_serve_parser(sub) -> None:
                    help="a streamed answer's tokens go out once N have gathered (the first at once, the last at "
                         "the end): fewer, larger chunks leave the engine's thread more of the GIL "
                         "(docs/serving.md)")
+    s.add_argument("--overlap-handoff", action=argparse.BooleanOptionalAction, default=False,
+                   help="hand a step's tokens to the HTTP thread once the next step is queued on the GPU, so "
+                        "sending them overlaps its work (experiment, off: no gain measured on the H200)")
     add_tp(s)
     add_spec_options(s)
     add_engine_options(s)

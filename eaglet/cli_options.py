@@ -107,7 +107,7 @@ def doctor(a: Namespace) -> DoctorConfig:
 
 def serve(a: Namespace) -> ServeConfig:
     return ServeConfig(_target(a), a.draft, a.host, a.port, a.max_queue, a.max_batch, a.batch_sizes, a.warm_up,
-                       a.grace, _engine(a), a.tp, a.stream_interval)
+                       a.grace, _engine(a), a.tp, a.stream_interval, a.overlap_handoff)
 
 
 OPTIONS: dict[str, Callable[[Namespace], object]] = {

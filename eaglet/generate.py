@@ -193,15 +193,20 @@ class DecodeChunks:
         self._built: dict[tuple | None, Callable[[], torch.Tensor]] = {}
 
     def __call__(self, left: list[int], sampled: SamplingParams | None = None, temps: list[float] | None = None,
-                 uniform: list[list[float]] | None = None) -> list[list[int]]:
+                 uniform: list[list[float]] | None = None,
+                 launched: Callable[[], None] | None = None) -> list[list[int]]:
         """One chunk -> per row its ``steps`` tokens. ``left`` [B]: tokens each row may still emit;
-        ``sampled``: top-p and top-k of a sampled chunk, with ``temps`` [B] and ``uniform`` [steps][B]."""
+        ``sampled``: top-p and top-k of a sampled chunk, with ``temps`` [B] and ``uniform`` [steps][B];
+        ``launched``: called once the chunk is queued, before the host reads it."""
         dev = self.left.device
         self.left.copy_(torch.tensor(left, device=dev))
         if sampled is not None:
             self.temps.copy_(torch.tensor(temps, device=dev))
             self.uniform.copy_(torch.tensor(uniform, device=dev))
-        return self.chunk(sampled)().tolist()
+        out = self.chunk(sampled)()
+        if launched is not None:
+            launched()
+        return out.tolist()
 
     def chunk(self, sampled: SamplingParams | None = None) -> Callable[[], torch.Tensor]:
         """The chunk of one sampling rule (built, compiled and captured on first use) -> [B, steps]."""

@@ -326,6 +326,7 @@ class ServeConfig:
     engine: EngineOptions = EngineOptions()
     tp: int = 1
     stream_interval: int = 1  # a streamed row's tokens go out once this many have gathered (and at its end)
+    overlap_handoff: bool = False  # a step's tokens go to the loop once the next step is queued (no gain measured)
 
     def __post_init__(self) -> None:
         if self.max_batch is not None and self.max_batch < 1:

@@ -217,8 +217,11 @@ class Session:
             self.active[row] = 0
         return kept
 
-    def step(self) -> dict[int, list[int]]:
-        """One plain step (or chunk of steps) of every running row -> the tokens that became final, per row."""
+    def step(self, launched: Callable[[], None] | None = None) -> dict[int, list[int]]:
+        """One plain step (or chunk of steps) of every running row -> the tokens that became final, per row.
+
+        ``launched`` is called once the step's device work is queued, before the host waits for it (on a
+        CPU: once it has run): a server's thread can hand out the last step's tokens while the GPU works."""
         live = self.running()
         if not live:
             return {}
@@ -226,22 +229,24 @@ class Session:
         # A session sampling from one shared generator draws through torch.multinomial, whose
         # stream a chunk's inverse-CDF draws cannot reproduce: it keeps one step per read.
         if self.chunks is not None and (self.params.greedy or self.own_draws):
-            toks = self._chunk(live)
+            toks = self._chunk(live, launched)
             return {i: self._add(i, toks[i]) for i in live}
         logits = self.decode(self.roots.view(-1, 1))  # writes each pending token at its row's lens
         self.cache.advance(self.active)
         self.roots.copy_(self.sample(logits))
+        if launched is not None:
+            launched()
         toks = self.roots.tolist()
         return {i: self._add(i, [toks[i]]) for i in live}
 
-    def _chunk(self, live: list[int]) -> list[list[int]]:
+    def _chunk(self, live: list[int], launched: Callable[[], None] | None) -> list[list[int]]:
         """One chunk of every row -> per row its tokens (those past a stop or limit are ``_add``'s to drop)."""
         k, left, temps = self.chunks.steps, [0] * self.batch, [0.0] * self.batch
         for i in live:
             left[i] = self.rows[i].limit - len(self.rows[i].out.tokens)
             temps[i] = self.draws[i][1] if i in self.draws else 0.0
         if not any(temps):
-            return self.chunks(left)
+            return self.chunks(left, launched=launched)
         # Each drawing row's generator gives the uniforms the one-step path would, in order, one a
         # token; a row that stops mid-chunk has drawn past its end, but its generator goes with it.
         uniform = [[0.0] * self.batch for _ in range(k)]
@@ -249,7 +254,7 @@ class Session:
             if temps[i]:
                 for j in range(min(k, left[i])):
                     uniform[j][i] = self.draws[i][0].random()
-        return self.chunks(left, self.params, temps, uniform)
+        return self.chunks(left, self.params, temps, uniform, launched)
 
     def release(self, row: int) -> Completion:
         """Free a row now (finished or aborted): it stops advancing and can be admitted again."""

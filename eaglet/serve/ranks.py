@@ -39,9 +39,9 @@ class LeadingSession:
         self._channel.send((ADMIT, rows, prompts, params))
         return self._session.admit(rows, prompts, params)
 
-    def step(self) -> dict[int, list[int]]:
+    def step(self, launched=None) -> dict[int, list[int]]:
         self._channel.send((STEP,))
-        return self._session.step()
+        return self._session.step(launched)
 
     def release(self, row: int):
         self._channel.send((RELEASE, row))

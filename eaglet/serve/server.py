@@ -150,7 +150,8 @@ def run_server(engine, cfg: ServeConfig) -> int:
 
     metrics = Metrics()
     sizes = batch_sizes(cfg, engine.use_graphs)
-    scheduler = Scheduler(engine, sizes[-1], cfg.max_queue, metrics, sizes, cfg.stream_interval)
+    scheduler = Scheduler(engine, sizes[-1], cfg.max_queue, metrics, sizes, cfg.stream_interval,
+                          cfg.overlap_handoff)
     app = build_app(engine, scheduler, metrics, engine.target.name)
     # Handlers end within the grace period (the scheduler aborts what is left); the extra
     # seconds only let their last bytes go out before uvicorn cancels them.

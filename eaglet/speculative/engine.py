@@ -162,12 +162,14 @@ class _Iteration:
             with state.idle():
                 self._run = GraphedStep(run)
 
-    def __call__(self, gen: torch.Generator) -> list[list[int]]:
-        """Run one iteration -> per row [emitted tokens (W)..., count]."""
+    def __call__(self, gen: torch.Generator, launched: Callable[[], None] | None = None) -> list[list[int]]:
+        """Run one iteration -> per row [emitted tokens (W)..., count]; ``launched`` as ``Session.step``'s."""
         for u in self.noise:
             u.uniform_(generator=gen)
         packed = self._run()
         self.host.copy_(packed, non_blocking=True)
+        if launched is not None:
+            launched()
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         return self.host.tolist()

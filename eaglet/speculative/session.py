@@ -13,6 +13,7 @@ the larger session that adopts its rows).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,8 +83,9 @@ class SpecSession(Session):
             all_roots.append(roots)
         return torch.cat(all_roots)
 
-    def step(self) -> dict[int, list[int]]:
-        """One speculative iteration of every running row (or a plain step after a fallback)."""
+    def step(self, launched: Callable[[], None] | None = None) -> dict[int, list[int]]:
+        """One speculative iteration of every running row (or a plain step after a fallback); ``launched``
+        as ``Session.step``'s."""
         live = self.running()
         if not live:
             return {}
@@ -92,11 +94,11 @@ class SpecSession(Session):
         if cfg is None:
             self.speculating = False
             policy.observe_plain(b)
-            return super().step()
+            return super().step(launched)
         if policy.adaptive:
             self.eng._costs(b, cfg, self.params)
         t0 = time.perf_counter()
-        result = self.eng._iteration(b, cfg, self.params)(self.gen)  # per row [emitted (W)..., count]
+        result = self.eng._iteration(b, cfg, self.params)(self.gen, launched)  # per row [emitted (W)..., count]
         news, tokens = {}, 0
         for i in live:
             n = result[i][-1]

@@ -84,11 +84,12 @@ def new_engine(dirs, adaptive: bool = True, **kw) -> SpecEngine:
 class Served:
     """A running server: its URL, scheduler and metrics."""
 
-    def __init__(self, engine, max_batch: int = 4, max_queue: int = 64, sizes: tuple[int, ...] | None = None):
+    def __init__(self, engine, max_batch: int = 4, max_queue: int = 64, sizes: tuple[int, ...] | None = None,
+                 overlap: bool = False):
         import uvicorn
 
         self.engine, self.metrics = engine, Metrics()
-        self.scheduler = Scheduler(engine, max_batch, max_queue, self.metrics, sizes)
+        self.scheduler = Scheduler(engine, max_batch, max_queue, self.metrics, sizes, overlap=overlap)
         self.model = engine.target.name
         app = build_app(engine, self.scheduler, self.metrics, self.model)
         port = free_port()

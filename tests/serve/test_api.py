@@ -193,3 +193,31 @@ def test_tokens_queued_behind_one_another_go_out_as_one_chunk():
         assert coalesced(Failure(503, "stop"), q) == [Failure(503, "stop")] and q.qsize() == 1
 
     asyncio.run(run())
+
+
+def test_overlapped_hand_off_delivers_the_same_answers(served_dirs, one_thread):
+    """``overlap`` (``--overlap-handoff``): a step's tokens reach the loop only once the next step is queued, or
+    before the worker waits; every request still gets all its tokens, in order, and its end."""
+    from tests.serve.conftest import Served, new_engine
+
+    served = Served(new_engine(served_dirs), overlap=True)
+    try:
+        client = served.client(timeout=60)  # a token left unposted would hang the request, not fail it
+        messages = [[{"role": "user", "content": q}] for q in QUESTIONS]
+
+        def ask(m):
+            return client.chat.completions.create(model=served.model, messages=m, max_tokens=40, temperature=0)
+
+        def streamed(m):
+            chunks = client.chat.completions.create(model=served.model, messages=m, max_tokens=40, temperature=0,
+                                                    stream=True)
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+        with ThreadPoolExecutor(8) as pool:  # more requests than rows: they queue, join and leave
+            answers = [a.choices[0].message.content for a in pool.map(ask, messages)]
+            streams = list(pool.map(streamed, messages))
+        want = offline(served.engine, [chat_prompt(served.engine, q) for q in QUESTIONS], 40)
+        assert answers == streams == want
+        assert served.metric('eaglet_requests_total{outcome="finished"}') == 2 * len(QUESTIONS)
+    finally:
+        served.stop()

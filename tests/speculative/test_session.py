@@ -28,7 +28,7 @@ def test_rows_join_and_leave_a_running_batch(agreeing, engine):
         SpecEngine(target, draft, CONTEXT, *TREES[engine.removesuffix("-static")], adaptive=False, log=lambda _: None,
                    static_shapes=engine.endswith("-static"))
     session = gen.session(3, PARAMS)
-    out, owner, pending = {}, {}, list(range(len(prompts)))
+    out, owner, pending, launches = {}, {}, list(range(len(prompts))), []
     with torch.inference_mode():
         while pending or session.running():
             if pending and session.free_rows():
@@ -37,8 +37,10 @@ def test_rows_join_and_leave_a_running_batch(agreeing, engine):
                 owner[row] = k
                 out[k] = list(session.admit(row, [prompts[k]], SamplingParams(max_new_tokens=limits[k]))[0])
             else:
-                for row, toks in session.step().items():
+                before = len(launches)
+                for row, toks in session.step(lambda: launches.append(1)).items():
                     out[owner[row]] += toks
+                assert len(launches) == before + 1  # the server's hand-off hook: once a step, whatever ran
             for row in [r for r, st in session.rows.items() if st.done]:
                 assert session.release(row).tokens == out[owner[row]]
     assert [out[k] for k in range(len(prompts))] == alone
