@@ -1,6 +1,8 @@
-"""A tiny chat model directory (random Llama + byte-level BPE tokenizer with a chat template) and a draft."""
+"""A tiny chat model directory (random Llama + byte-level BPE tokenizer with a chat template), a draft, prompts."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -40,3 +42,16 @@ def chat_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def draft_dir(chat_model_dir, tmp_path_factory):
     return save_random_draft(chat_model_dir, tmp_path_factory.mktemp("drafts") / "tiny-draft", 160)
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": "the quick brown fox"}], "category": "chat", "id": "a"},
+        {"prompt": "def f(x):", "category": "code", "id": "b"},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2 + 2"}],
+         "category": "math", "id": "c"},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path

@@ -12,19 +12,6 @@ from eaglet.cli import main
 from eaglet.errors import EagletError
 
 
-@pytest.fixture
-def prompts_file(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    lines = [
-        {"messages": [{"role": "user", "content": "the quick brown fox"}], "category": "chat", "id": "a"},
-        {"prompt": "def f(x):", "category": "code", "id": "b"},
-        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2 + 2"}],
-         "category": "math", "id": "c"},
-    ]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return path
-
-
 def test_bench_all_methods(chat_model_dir, draft_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["bench", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompts", str(prompts_file),
