@@ -121,6 +121,7 @@ class Scheduler:
         # together, in one wake-up (one per request and step had the loop thread take the GIL that often).
         self.outbox: list[tuple[Request, object]] = []
         self.launched = False  # overlap: this turn's step posted the outbox at its launch
+        self.step_counters: dict[str, object] = {}  # metrics.steps' child per kind of step
         self.draining = False  # growing the full running batch failed: it drains, then a larger one opens
         self.accepting = True
         self.deadline: float | None = None  # after close(): running rows are aborted past it
@@ -183,6 +184,8 @@ class Scheduler:
         self._flush()
 
     def _flush(self) -> None:
+        if not self.outbox:
+            return
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for req, event in self.outbox:
             by_loop.setdefault(req.loop, []).append((req, event))
@@ -270,6 +273,8 @@ class Scheduler:
     def _admit(self) -> None:
         """Admit every waiting request that can join, in one prefill a group; a prompt the context cannot
         hold fails alone, before the prefill."""
+        if not self.waiting:  # read without the lock: a request queued just now joins at the next turn
+            return
         while group := self._take():
             fits = []
             for req in group:
@@ -318,11 +323,17 @@ class Scheduler:
                 self._end(row, Failure(500, f"internal error: {e}"), "error")
             self.session = None  # its caches may be half-written
             return
-        self.metrics.steps.labels(s.last_step).inc()
+        self._step_counter(s.last_step).inc()
         self.metrics.verifies.inc(s.verifies - before[0])
         self.metrics.accepted.inc(s.accepted - before[1])
         for row, toks in news.items():
             self._deliver(row, toks)
+
+    def _step_counter(self, kind: str):
+        """The step counter of ``kind``, looked up once (``labels`` takes a lock and builds a key each call)."""
+        if kind not in self.step_counters:
+            self.step_counters[kind] = self.metrics.steps.labels(kind)
+        return self.step_counters[kind]
 
     def _deliver(self, row: int, toks: list[int]) -> None:
         req, now = self.rows[row], time.perf_counter()
@@ -331,8 +342,9 @@ class Scheduler:
             if first:
                 self.metrics.ttft.observe(now - req.arrival)
             else:
+                gap = (now - req.last) / len(toks)
                 for _ in toks:
-                    self.metrics.itl.observe((now - req.last) / len(toks))
+                    self.metrics.itl.observe(gap)
             req.last = now
             self.metrics.generated_tokens.inc(len(toks))
             req.held += toks
