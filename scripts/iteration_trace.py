@@ -77,7 +77,7 @@ def _trace_iterations() -> None:
 
 def report() -> None:
     gaps = [b[0] - a[1] for a, b in zip(ITERATIONS, ITERATIONS[1:]) if b[0] - a[1] < BETWEEN_LIMIT]
-    rows = dict(SPANS, **({"between iterations": gaps} if gaps else {}))
+    rows = {**SPANS, "between iterations": gaps}
     print(f"\n{'span':<20}{'count':>8}{'median us':>11}{'mean us':>10}", file=sys.stderr)
     for label in ("launch", "wait", "iteration", "session step", "turn step", "admit", "flush", "drop cancelled",
                   "between iterations"):

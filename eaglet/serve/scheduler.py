@@ -316,7 +316,7 @@ class Scheduler:
         s = self.session
         before = (s.verifies, s.accepted)
         try:
-            news = s.step(self._launched) if self.overlap else s.step()
+            news = s.step(self._launched if self.overlap else None)
         except Exception as e:
             print(f"eaglet: a batch step failed: {e!r}; failing its {len(self.rows)} rows", file=sys.stderr)
             for row in list(self.rows):

@@ -31,12 +31,12 @@ class Gated:
         s = self.engine.session(batch, params)
         step, admit = s.step, s.admit
 
-        def gated_step():
+        def gated_step(launched=None):
             self.gate.wait()
             time.sleep(self.delay)
             if self.fail_step:
                 raise RuntimeError("injected step fault")
-            return step()
+            return step(launched)
 
         def faulty_admit(row, prompts, p):
             if any(p[0] == FAULT for p in prompts):
