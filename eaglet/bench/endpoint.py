@@ -7,6 +7,11 @@ time to first token (TTFT), the gaps between streamed chunks (inter-token latenc
 a speculative server sends several tokens per chunk), end-to-end latency and completion
 tokens. The summary: output tok/s over the wall time of the whole run, TTFT and ITL
 median and p99, and failed requests (HTTP errors, error events, broken streams).
+
+The client is aiohttp, as in SGLang's and vLLM's serving benchmarks: at concurrency 1 every
+microsecond the client spends on a request (sending it, reading the stream to its end) is on
+the measured path. Against the server over a fake engine (scripts/http_overhead.py) on the
+H200's host, httpx took ~0.6 ms more a request (docs/performance.md, session 22).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from eaglet.bench.prompts import load_prompt_sets
 from eaglet.bench.report import save_png, write_json
@@ -39,20 +44,18 @@ class Result:
     itl: list[float] = field(default_factory=list)  # gaps between content chunks
 
 
-async def _one(client: httpx.AsyncClient, cfg: EndpointBenchConfig, model: str, messages: list[dict]) -> Result:
-    body = {"model": model, "messages": messages, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
-            "stream": True, "stream_options": {"include_usage": True}}
+async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> Result:
     res, start = Result(), time.perf_counter()
     last, parts = start, []
     try:
-        async with client.stream("POST", f"{api_base(cfg.endpoint)}/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+        async with session.post(url, json=body) as r:
+            if r.status != 200:
+                res.error = f"HTTP {r.status}: {(await r.read()).decode(errors='replace')[:200]}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for raw in r.content:  # one line at a time
+                if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
                     continue
-                chunk = json.loads(line[6:])
+                chunk = json.loads(raw[6:])
                 if "error" in chunk:
                     res.error = str(chunk["error"].get("message"))
                     return res
@@ -69,7 +72,7 @@ async def _one(client: httpx.AsyncClient, cfg: EndpointBenchConfig, model: str, 
                             res.itl.append(now - last)
                         last = now
                         parts.append(text)
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:  # ValueError: JSON, a line too long
         res.error = f"{type(e).__name__}: {e}"
         return res
     res.latency, res.text, res.ok = time.perf_counter() - start, "".join(parts), True
@@ -78,14 +81,20 @@ async def _one(client: httpx.AsyncClient, cfg: EndpointBenchConfig, model: str, 
 
 async def _run(cfg: EndpointBenchConfig, conversations: list[list[dict]], model: str
                ) -> tuple[list[Result], float]:
-    limits = httpx.Limits(max_connections=cfg.concurrency or len(conversations))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    url = f"{api_base(cfg.endpoint)}/chat/completions"
+    connector = aiohttp.TCPConnector(limit=cfg.concurrency or 0)  # 0: no limit
+    # No total limit (a long answer may stream for minutes): 600 s at most between reads. A line of the
+    # stream may hold many tokens (a chunk that coalesced several steps): a 1 MiB buffer reads it whole.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**20) as session:
         gate = asyncio.Semaphore(cfg.concurrency or len(conversations))
         rng = random.Random(cfg.seed)
 
         async def limited(messages):
+            body = {"model": model, "messages": messages, "max_tokens": cfg.max_tokens,
+                    "temperature": cfg.temperature, "stream": True, "stream_options": {"include_usage": True}}
             async with gate:
-                return await _one(client, cfg, model, messages)
+                return await _one(session, url, body)
 
         start, tasks = time.perf_counter(), []
         for messages in conversations:

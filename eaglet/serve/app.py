@@ -190,20 +190,22 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
         text = StreamText(target.tokenizer, job.params.stop)
         if chat:
             yield _sse(chunk(None, role=True))
+        # The end goes out in one write: at concurrency 1 the client's next request waits for [DONE].
+        end = "data: [DONE]\n\n"
         async for event in _events(http, job):
             if isinstance(event, Failure):
-                yield _sse(error_body(event.message, _KINDS.get(event.status, "error"), None, event.status))
+                end = _sse(error_body(event.message, _KINDS.get(event.status, "error"), None, event.status)) + end
                 break
             if isinstance(event, Completion):
-                yield _sse(chunk(text.add([], final=True), event.finish_reason))
                 if body.include_usage:
-                    yield _sse({"id": rid, "object": obj, "created": now, "model": model_name, "choices": [],
-                                "usage": _usage(job, len(event.tokens))})
+                    end = _sse({"id": rid, "object": obj, "created": now, "model": model_name, "choices": [],
+                                "usage": _usage(job, len(event.tokens))}) + end
+                end = _sse(chunk(text.add([], final=True), event.finish_reason)) + end
                 break
             delta = text.add(event)
             if delta:
                 yield head + json.dumps(delta) + tail
-        yield "data: [DONE]\n\n"
+        yield end
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):

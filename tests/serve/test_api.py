@@ -3,6 +3,8 @@ and not, chat and text completions, usage, models, health, and metrics that add 
 
 from __future__ import annotations
 
+import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -68,6 +70,41 @@ def test_streaming_chat_with_usage(served):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
     assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def _http_chunks(url: str, path: str, body: dict) -> list[bytes]:
+    """POST ``body`` over a raw socket -> the response's HTTP chunks (chunked transfer encoding), one per write
+    of the server, the empty terminating chunk left out."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: "
+                     f"{len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+        raw = b""
+        while part := conn.recv(65536):
+            raw += part
+    head, rest = raw.split(b"\r\n\r\n", 1)
+    assert b"chunked" in head.lower(), head
+    chunks = []
+    while True:
+        size, rest = rest.split(b"\r\n", 1)
+        if int(size, 16) == 0:
+            return chunks
+        chunks.append(rest[: int(size, 16)])
+        rest = rest[int(size, 16) + 2:]
+
+
+def test_stream_ends_in_one_write(served):
+    """The finish chunk, the usage chunk and [DONE] go out as one write (at concurrency 1 the client's next
+    request waits for the end: each write is a wake-up of the client and a trip through the server's loop)."""
+    chunks = _http_chunks(served.url, "/v1/chat/completions", {
+        "model": served.model, "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 12,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+    last = chunks[-1].decode()
+    events = [json.loads(e.removeprefix("data: ")) for e in last.split("\n\n")[:-2]]
+    assert last.endswith("data: [DONE]\n\n") and not any(b"[DONE]" in c for c in chunks[:-1])
+    assert [e["choices"][0]["finish_reason"] for e in events[:1]] == ["length"]
+    assert events[-1]["usage"]["completion_tokens"] == 12 and events[-1]["choices"] == []
 
 
 def test_stream_interval_gathers_tokens_into_fewer_chunks(served):

@@ -1,0 +1,141 @@
+"""What the HTTP path adds to a request at concurrency 1, with no model: the real app and scheduler over a fake
+engine whose prefill and steps sleep (the GIL released, as while a GPU computes), measured by
+`eaglet bench --endpoint`'s client in a process of its own.
+
+    PYTHONPATH=. python scripts/http_overhead.py --tokenizer DIR [--prefill-ms 4 --step-ms 1.6 --steps 20]
+
+DIR holds a chat tokenizer (a converted GGUF's cache directory will do: ~/.cache/eaglet/<name>). Each run
+sends the first ``--requests`` bench prompts one after another; a request's answer is ``--steps`` steps of
+``--tokens-per-step`` tokens. The overhead a request is the run's wall time less the time the fake engine
+slept (measured, so a late wake-up of the sleeping thread is not counted as overhead), over the
+requests: sending, parsing and tokenizing the request, the scheduler's turns, the hand-off of each
+step's tokens to the HTTP thread, the stream's writes and the client's reading. On the H200 a served
+request at concurrency 1 took ~5.5 ms more than offline (docs/performance.md, session 22); this
+isolates the part no GPU is needed to study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import types
+
+from eaglet.generate import Completion
+
+
+class FakeSession:
+    """The part of ``Session`` the scheduler uses, at batch 1: admit and step sleep, tokens are made up."""
+
+    batch = 1
+
+    def __init__(self, params, args, slept: list[float]):
+        self.params, self.args, self.slept = params, args, slept
+        self.rows: dict[int, types.SimpleNamespace] = {}
+        self.verifies = self.accepted = 0
+        self.last_step = "spec"
+
+    def _sleep(self, ms: float) -> None:
+        t0 = time.perf_counter()
+        time.sleep(ms / 1e3)
+        self.slept.append(time.perf_counter() - t0)
+
+    def free_rows(self) -> list[int]:
+        return [i for i in range(self.batch) if i not in self.rows]
+
+    def check_prompt(self, prompt: list[int]) -> None:
+        pass
+
+    def admit(self, rows, prompts, params) -> list[list[int]]:
+        self._sleep(self.args.prefill_ms)
+        for r in rows:
+            self.rows[r] = types.SimpleNamespace(n=0, done=False, tokens=[100])
+        return [[100] for _ in rows]
+
+    def step(self, launched=None) -> dict[int, list[int]]:
+        if launched is not None:
+            launched()
+        self._sleep(self.args.step_ms)
+        k, out = self.args.tokens_per_step, {}
+        for i, row in self.rows.items():
+            row.n += 1
+            out[i] = [300 + (row.n * k + j) % 1000 for j in range(k)]  # ordinary word pieces of a BPE vocabulary
+            row.tokens += out[i]
+            row.done = row.n >= self.args.steps
+            self.verifies, self.accepted = self.verifies + 1, self.accepted + k
+        return out
+
+    def release(self, row: int) -> Completion:
+        return Completion(self.rows.pop(row).tokens, "length")
+
+
+CLIENT = """
+import asyncio, json, statistics, sys
+from eaglet.bench import endpoint
+from eaglet.options import EndpointBenchConfig
+url, n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cfg = EndpointBenchConfig(endpoint=url, out="-", limit=n, concurrency=1, max_tokens=100000)
+conversations = [p.messages for p in endpoint.load_prompt_sets("builtin", n)]
+for _ in range(reps):
+    results, seconds = asyncio.run(endpoint._run(cfg, conversations, "fake"))
+    print(json.dumps({"seconds": seconds, "ok": sum(r.ok for r in results),
+                      "ttft": statistics.median(r.ttft for r in results if r.ok)}), flush=True)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer", required=True, help="a directory with a chat tokenizer")
+    ap.add_argument("--prefill-ms", type=float, default=4.0)
+    ap.add_argument("--step-ms", type=float, default=1.6)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--tokens-per-step", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"], help="uvicorn's event loop")
+    args = ap.parse_args()
+
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from eaglet.serve.app import build_app
+    from eaglet.serve.metrics import Metrics
+    from eaglet.serve.scheduler import Scheduler
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    slept: list[float] = []
+    target = types.SimpleNamespace(tokenizer=tok, name="fake", config=types.SimpleNamespace(vocab_size=len(tok)))
+    engine = types.SimpleNamespace(target=target, capacity=1 << 20, use_graphs=False,
+                                   session=lambda size, params: FakeSession(params, args, slept))
+    metrics = Metrics()
+    app = build_app(engine, Scheduler(engine, 1, 64, metrics, (1,)), metrics, "fake")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop=args.loop))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", str(args.requests),
+                               str(args.reps)], stdout=subprocess.PIPE, text=True)
+    print("run   wall ms   engine ms   overhead ms/request   client TTFT median ms   ok")
+    overheads = []
+    for i, line in enumerate(client.stdout):
+        run = json.loads(line)
+        engine_s = sum(slept)  # the client's runs follow one another: what the engine slept during this one
+        slept.clear()
+        overheads.append((run["seconds"] - engine_s) / args.requests)
+        print(f"{i:>3} {run['seconds'] * 1e3:9.1f} {engine_s * 1e3:11.1f} {overheads[-1] * 1e3:21.2f} "
+              f"{run['ttft'] * 1e3:23.2f}   {run['ok']}")
+    if client.wait() != 0:
+        sys.exit("the client failed")
+    print(f"median overhead a request: {statistics.median(overheads) * 1e3:.2f} ms (loop {args.loop})")
+
+
+if __name__ == "__main__":
+    main()
