@@ -34,8 +34,8 @@ class FakeSession:
 
     batch = 1
 
-    def __init__(self, params, args, slept: list[float]):
-        self.params, self.args, self.slept = params, args, slept
+    def __init__(self, params, args, slept: list[float], words: list[int]):
+        self.params, self.args, self.slept, self.words = params, args, slept, words
         self.rows: dict[int, types.SimpleNamespace] = {}
         self.verifies = self.accepted = 0
         self.last_step = "spec"
@@ -64,7 +64,7 @@ class FakeSession:
         k, out = self.args.tokens_per_step, {}
         for i, row in self.rows.items():
             row.n += 1
-            out[i] = [300 + (row.n * k + j) % 1000 for j in range(k)]  # ordinary word pieces of a BPE vocabulary
+            out[i] = [self.words[(row.n * k + j) % len(self.words)] for j in range(k)]
             row.tokens += out[i]
             row.done = row.n >= self.args.steps
             self.verifies, self.accepted = self.verifies + 1, self.accepted + k
@@ -109,9 +109,10 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     slept: list[float] = []
+    words = tok("an answer of ordinary words, one piece at a time, " * 8, add_special_tokens=False)["input_ids"]
     target = types.SimpleNamespace(tokenizer=tok, name="fake", config=types.SimpleNamespace(vocab_size=len(tok)))
     engine = types.SimpleNamespace(target=target, capacity=1 << 20, use_graphs=False,
-                                   session=lambda size, params: FakeSession(params, args, slept))
+                                   session=lambda size, params: FakeSession(params, args, slept, words))
     metrics = Metrics()
     app = build_app(engine, Scheduler(engine, 1, 64, metrics, (1,)), metrics, "fake")
     with socket.socket() as s:

@@ -42,6 +42,26 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+class _End(str):
+    """The last text of a stream: ``EventStream`` sends it with the end of the body."""
+
+
+class EventStream(StreamingResponse):
+    """A streaming response whose last text (an ``_End``) and the end of the body go out in one write (with
+    chunked encoding, the terminating empty chunk): the client's read of the answer ends at that write, not at
+    a second one after the generator has finished."""
+
+    async def stream_response(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for text in self.body_iterator:
+            last = isinstance(text, _End)
+            await send({"type": "http.response.body", "body": text.encode(self.charset), "more_body": not last})
+            if last:
+                await self.body_iterator.aclose()
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def coalesced(first, queue: asyncio.Queue) -> list:
     """``first`` and the events already waiting in ``queue`` behind it, new tokens merged into one list:
     [tokens], [tokens, end] or [end] (an end is a Completion, a Failure or None, the client gone; always
@@ -123,7 +143,7 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
             return _error(503, "the server is shutting down")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if body.stream:
-            return StreamingResponse(_stream(http, body, job, chat, rid), media_type="text/event-stream")
+            return EventStream(_stream(http, body, job, chat, rid), media_type="text/event-stream")
         async for event in _events(http, job):
             if isinstance(event, Failure):
                 return _error(event.status, event.message)
@@ -205,7 +225,7 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
             delta = text.add(event)
             if delta:
                 yield head + json.dumps(delta) + tail
-        yield end
+        yield _End(end)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):
