@@ -208,9 +208,10 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
         # A delta's event, the one sent per step: the JSON around the text is the same every time.
         head, tail = _sse(chunk("\x00")).split('"\\u0000"')
         text = StreamText(target.tokenizer, job.params.stop)
-        if chat:
-            yield _sse(chunk(None, role=True))
-        # The end goes out in one write: at concurrency 1 the client's next request waits for [DONE].
+        # The chat's role chunk goes out with the first text, not alone while the prefill runs (a write then is
+        # the HTTP thread taking the GIL from the engine's admission); the end goes out in one write (at
+        # concurrency 1 the client's next request waits for it).
+        first = _sse(chunk(None, role=True)) if chat else ""
         end = "data: [DONE]\n\n"
         async for event in _events(http, job):
             if isinstance(event, Failure):
@@ -224,8 +225,9 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
                 break
             delta = text.add(event)
             if delta:
-                yield head + json.dumps(delta) + tail
-        yield _End(end)
+                yield first + head + json.dumps(delta) + tail
+                first = ""
+        yield _End(first + end)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):

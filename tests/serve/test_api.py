@@ -94,16 +94,19 @@ def _http_chunks(url: str, path: str, body: dict) -> list[bytes]:
         rest = rest[int(size, 16) + 2:]
 
 
-def test_stream_ends_in_one_write(served):
-    """The finish chunk, the usage chunk and [DONE] go out as one write (at concurrency 1 the client's next
-    request waits for the end: each write is a wake-up of the client and a trip through the server's loop)."""
+def test_stream_writes_role_with_first_text_and_the_end_at_once(served):
+    """The role chunk goes out with the first text; the finish chunk, the usage chunk and [DONE] go out as one
+    write (at concurrency 1 the client's next request waits for the end: each write is a wake-up of the client
+    and a trip through the server's loop)."""
     chunks = _http_chunks(served.url, "/v1/chat/completions", {
         "model": served.model, "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 12,
         "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+    first = [json.loads(e.removeprefix("data: "))["choices"][0]["delta"] for e in chunks[0].decode().split("\n\n")[:-1]]
+    assert first[0] == {"role": "assistant", "content": ""} and len(first) >= 2 and first[1]["content"]
     last = chunks[-1].decode()
     events = [json.loads(e.removeprefix("data: ")) for e in last.split("\n\n")[:-2]]
     assert last.endswith("data: [DONE]\n\n") and not any(b"[DONE]" in c for c in chunks[:-1])
-    assert [e["choices"][0]["finish_reason"] for e in events[:1]] == ["length"]
+    assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "length"
     assert events[-1]["usage"]["completion_tokens"] == 12 and events[-1]["choices"] == []
 
 
