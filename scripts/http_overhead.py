@@ -9,7 +9,8 @@ sends the first ``--requests`` bench prompts one after another; a request's answ
 ``--tokens-per-step`` tokens. The overhead a request is the run's wall time less the time the fake engine
 slept (measured, so a late wake-up of the sleeping thread is not counted as overhead), over the
 requests: sending, parsing and tokenizing the request, the scheduler's turns, the hand-off of each
-step's tokens to the HTTP thread, the stream's writes and the client's reading. On the H200 a served
+step's tokens to the HTTP thread, the stream's writes and the client's reading. "Between steps" is the
+scheduler's turn alone: from one step's end to the next one's start within a request. On the H200 a served
 request at concurrency 1 took ~5.5 ms more than offline (docs/performance.md, session 22); this
 isolates the part no GPU is needed to study.
 """
@@ -34,8 +35,9 @@ class FakeSession:
 
     batch = 1
 
-    def __init__(self, params, args, slept: list[float], words: list[int]):
-        self.params, self.args, self.slept, self.words = params, args, slept, words
+    def __init__(self, params, args, slept: list[float], words: list[int], gaps: list[float]):
+        self.params, self.args, self.slept, self.words, self.gaps = params, args, slept, words, gaps
+        self.last_end: float | None = None  # when the last step ended (None before a request's first step)
         self.rows: dict[int, types.SimpleNamespace] = {}
         self.verifies = self.accepted = 0
         self.last_step = "spec"
@@ -58,6 +60,8 @@ class FakeSession:
         return [[100] for _ in rows]
 
     def step(self, launched=None) -> dict[int, list[int]]:
+        if self.last_end is not None:
+            self.gaps.append(time.perf_counter() - self.last_end)
         if launched is not None:
             launched()
         self._sleep(self.args.step_ms)
@@ -68,6 +72,7 @@ class FakeSession:
             row.tokens += out[i]
             row.done = row.n >= self.args.steps
             self.verifies, self.accepted = self.verifies + 1, self.accepted + k
+        self.last_end = time.perf_counter()
         return out
 
     def release(self, row: int) -> Completion:
@@ -109,10 +114,11 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     slept: list[float] = []
+    gaps: list[float] = []  # from one step's end to the next one's start, within a request: the scheduler's turn
     words = tok("an answer of ordinary words, one piece at a time, " * 8, add_special_tokens=False)["input_ids"]
     target = types.SimpleNamespace(tokenizer=tok, name="fake", config=types.SimpleNamespace(vocab_size=len(tok)))
     engine = types.SimpleNamespace(target=target, capacity=1 << 20, use_graphs=False,
-                                   session=lambda size, params: FakeSession(params, args, slept, words))
+                                   session=lambda size, params: FakeSession(params, args, slept, words, gaps))
     metrics = Metrics()
     app = build_app(engine, Scheduler(engine, 1, 64, metrics, (1,)), metrics, "fake")
     with socket.socket() as s:
@@ -135,7 +141,8 @@ def main() -> None:
               f"{run['ttft'] * 1e3:23.2f}   {run['ok']}")
     if client.wait() != 0:
         sys.exit("the client failed")
-    print(f"median overhead a request: {statistics.median(overheads) * 1e3:.2f} ms (loop {args.loop})")
+    print(f"median overhead a request: {statistics.median(overheads) * 1e3:.2f} ms (loop {args.loop}); "
+          f"between steps, median: {statistics.median(gaps) * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

@@ -307,10 +307,12 @@ class Scheduler:
             for req in reqs:
                 self._join([req])
             return
+        now = time.perf_counter()
         for row, req, first in zip(rows, reqs, firsts):
             self.rows[row] = req
             self.metrics.prompt_tokens.inc(len(req.prompt))
-            self._deliver(row, first)
+            self._deliver(row, first, now)
+        self.metrics.generated_tokens.inc(sum(map(len, firsts)))
 
     def _step(self) -> None:
         s = self.session
@@ -326,8 +328,11 @@ class Scheduler:
         self._step_counter(s.last_step).inc()
         self.metrics.verifies.inc(s.verifies - before[0])
         self.metrics.accepted.inc(s.accepted - before[1])
+        now, made = time.perf_counter(), 0  # one clock read and one counter update a step, not one a row
         for row, toks in news.items():
-            self._deliver(row, toks)
+            made += len(toks)
+            self._deliver(row, toks, now)
+        self.metrics.generated_tokens.inc(made)
 
     def _step_counter(self, kind: str):
         """The step counter of ``kind``, looked up once (``labels`` takes a lock and builds a key each call)."""
@@ -335,18 +340,17 @@ class Scheduler:
             self.step_counters[kind] = self.metrics.steps.labels(kind)
         return self.step_counters[kind]
 
-    def _deliver(self, row: int, toks: list[int]) -> None:
-        req, now = self.rows[row], time.perf_counter()
+    def _deliver(self, row: int, toks: list[int], now: float) -> None:
+        """Hand ``row``'s new tokens, made at ``now``, to its request (held back up to the stream interval);
+        release the row if it is done. The caller counts the tokens generated."""
+        req = self.rows[row]
         if toks:
             first = req.last is None
             if first:
                 self.metrics.ttft.observe(now - req.arrival)
             else:
-                gap = (now - req.last) / len(toks)
-                for _ in toks:
-                    self.metrics.itl.observe(gap)
+                self.metrics.itl.observe((now - req.last) / len(toks), len(toks))
             req.last = now
-            self.metrics.generated_tokens.inc(len(toks))
             req.held += toks
             if first or len(req.held) >= self.stream_interval:
                 self.outbox.append((req, req.held))

@@ -34,7 +34,8 @@ def chat_prompt(engine, q: str) -> list[int]:
 def test_concurrent_greedy_chat_equals_offline_and_metrics_add_up(served):
     client = served.client()
     before = {k: served.metric(k) for k in ("eaglet_generation_tokens_total", "eaglet_prompt_tokens_total",
-                                            'eaglet_requests_total{outcome="finished"}')}
+                                            'eaglet_requests_total{outcome="finished"}',
+                                            "eaglet_inter_token_latency_seconds_count")}
 
     def ask(q):
         return client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": q}],
@@ -53,6 +54,9 @@ def test_concurrent_greedy_chat_equals_offline_and_metrics_add_up(served):
     assert served.metric('eaglet_requests_total{outcome="finished"}') \
         - before['eaglet_requests_total{outcome="finished"}'] == len(QUESTIONS)
     assert served.metric("eaglet_time_to_first_token_seconds_count") >= len(QUESTIONS)
+    # one inter-token sample per token after each answer's first
+    assert served.metric("eaglet_inter_token_latency_seconds_count") \
+        - before["eaglet_inter_token_latency_seconds_count"] == completion - len(QUESTIONS)
     assert served.metric("eaglet_verifies_total") > 0 and served.metric("eaglet_accepted_tokens_total") > 0
     assert served.metric("eaglet_running_rows") == 0 and served.metric("eaglet_queue_depth") == 0
 
