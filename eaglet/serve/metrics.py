@@ -16,7 +16,7 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 class TokenGaps:
     """A histogram with one sample per token, where a row's step that made n tokens after a gap g adds n samples
     of g / n in one call. (prometheus_client's Histogram takes one sample a call, each under its lock: ~1.6 us a
-    token on the engine's thread, a tenth of a millisecond a step at batch 64 with 5 tokens a row.) Exposed as a
+    token on the engine's thread, half a millisecond a step at batch 64 with 5 tokens a row.) Exposed as a
     Prometheus histogram by ``collect``, which the registry calls on a scrape."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry):
