@@ -13,6 +13,8 @@ request at concurrency 1 took ~0.25 ms more an iteration served than offline (do
 - ``launch``: an iteration's host work until its device work is queued (its noise, the graph's replay, the
   packed result's copy); ``wait``: from there until the host has the result (the GPU's time, mostly);
 - ``iteration``: both; ``session step``: the iteration and the session's bookkeeping (stops, the policy);
+- ``session admit``: a prompt's admission (its prefill, ``prefill``, then the first token's bookkeeping), the
+  same call offline and served (session 22: 4.3 ms a request served on the H200, offline not yet split);
 - ``turn step``, ``admit``, ``flush``, ``drop cancelled``: the server scheduler's parts of a turn;
 - ``between iterations``: from one iteration's end to the next one's start within a request (gaps over
   20 ms, between requests, left out): everything the host does outside the iteration.
@@ -79,8 +81,8 @@ def report() -> None:
     gaps = [b[0] - a[1] for a, b in zip(ITERATIONS, ITERATIONS[1:]) if b[0] - a[1] < BETWEEN_LIMIT]
     rows = {**SPANS, "between iterations": gaps}
     print(f"\n{'span':<20}{'count':>8}{'median us':>11}{'mean us':>10}", file=sys.stderr)
-    for label in ("launch", "wait", "iteration", "session step", "turn step", "admit", "flush", "drop cancelled",
-                  "between iterations"):
+    for label in ("launch", "wait", "iteration", "session step", "session admit", "prefill", "turn step", "admit",
+                  "flush", "drop cancelled", "between iterations"):
         got = rows.get(label)
         if got:
             print(f"{label:<20}{len(got):>8}{1e6 * statistics.median(got):>11.1f}{1e6 * statistics.fmean(got):>10.1f}",
@@ -90,6 +92,8 @@ def report() -> None:
 if __name__ == "__main__":
     _trace_iterations()
     _timed(SpecSession, "step", "session step")
+    _timed(SpecSession, "admit", "session admit")
+    _timed(SpecSession, "_prefill", "prefill")
     for name, label in (("_step", "turn step"), ("_admit", "admit"), ("_flush", "flush"),
                         ("_drop_cancelled", "drop cancelled")):
         _timed(Scheduler, name, label)

@@ -26,3 +26,6 @@ def test_trace_of_an_offline_bench_splits_every_iteration(chat_model_dir, draft_
     assert int(rows["session step"][0]) <= count
     assert float(rows["iteration"][1]) >= float(rows["launch"][1]) > 0
     assert "turn step" not in rows  # no server, no scheduler
+    # every prompt admitted once (warm-up ones included), its prefill inside the admission
+    assert int(rows["session admit"][0]) == int(rows["prefill"][0]) > 0
+    assert float(rows["session admit"][1]) >= float(rows["prefill"][1]) > 0
