@@ -125,7 +125,8 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop=args.loop))
-    threading.Thread(target=server.run, daemon=True).start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     while not server.started:
         time.sleep(0.05)
     client = subprocess.Popen([sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", str(args.requests),
@@ -139,6 +140,8 @@ def main() -> None:
         overheads.append((run["seconds"] - engine_s) / args.requests)
         print(f"{i:>3} {run['seconds'] * 1e3:9.1f} {engine_s * 1e3:11.1f} {overheads[-1] * 1e3:21.2f} "
               f"{run['ttft'] * 1e3:23.2f}   {run['ok']}")
+    server.should_exit = True  # stopped before exit: a daemon thread still serving at interpreter exit can crash it
+    thread.join(10)
     if client.wait() != 0:
         sys.exit("the client failed")
     print(f"median overhead a request: {statistics.median(overheads) * 1e3:.2f} ms (loop {args.loop}); "
