@@ -1,6 +1,6 @@
 """What the HTTP path adds to a request at concurrency 1, with no model: the real app and scheduler over a fake
 engine whose prefill and steps sleep (the GIL released, as while a GPU computes), measured by
-`eaglet bench --endpoint`'s client in a process of its own.
+`eaglet bench --endpoint` in a process of its own.
 
     PYTHONPATH=. python scripts/http_overhead.py --tokenizer DIR [--prefill-ms 4 --step-ms 1.6 --steps 20]
 
@@ -23,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -79,20 +80,6 @@ class FakeSession:
         return Completion(self.rows.pop(row).tokens, "length")
 
 
-CLIENT = """
-import asyncio, json, statistics, sys
-from eaglet.bench import endpoint
-from eaglet.options import EndpointBenchConfig
-url, n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cfg = EndpointBenchConfig(endpoint=url, out="-", limit=n, concurrency=1, max_tokens=100000)
-conversations = [p.messages for p in endpoint.load_prompt_sets("builtin", n)]
-for _ in range(reps):
-    results, seconds = asyncio.run(endpoint._run(cfg, conversations, "fake"))
-    print(json.dumps({"seconds": seconds, "ok": sum(r.ok for r in results),
-                      "ttft": statistics.median(r.ttft for r in results if r.ok)}), flush=True)
-"""
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", required=True, help="a directory with a chat tokenizer")
@@ -129,21 +116,26 @@ def main() -> None:
     thread.start()
     while not server.started:
         time.sleep(0.05)
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", str(args.requests),
-                               str(args.reps)], stdout=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
     print("run   wall ms   engine ms   overhead ms/request   client TTFT median ms   ok")
     overheads = []
-    for i, line in enumerate(client.stdout):
-        run = json.loads(line)
-        engine_s = sum(slept)  # the client's runs follow one another: what the engine slept during this one
-        slept.clear()
-        overheads.append((run["seconds"] - engine_s) / args.requests)
-        print(f"{i:>3} {run['seconds'] * 1e3:9.1f} {engine_s * 1e3:11.1f} {overheads[-1] * 1e3:21.2f} "
-              f"{run['ttft'] * 1e3:23.2f}   {run['ok']}")
-    server.should_exit = True  # stopped before exit: a daemon thread still serving at interpreter exit can crash it
-    thread.join(10)
-    if client.wait() != 0:
-        sys.exit("the client failed")
+    try:
+        for i in range(args.reps):
+            slept.clear()  # runs follow one another: what the engine sleeps from here is this run's
+            with tempfile.TemporaryDirectory() as out:  # `eaglet bench --endpoint` itself, a process a run
+                run = subprocess.run([sys.executable, "-m", "eaglet.cli", "bench", "--endpoint", url, "--prompts",
+                                      "builtin", "--limit", str(args.requests), "--concurrency", "1", "--out", out],
+                                     capture_output=True, text=True)
+            lines = run.stdout.strip().splitlines()
+            if not lines or not lines[-1].startswith("{"):
+                sys.exit(f"the client failed: {run.stderr[-1000:]}")
+            summary, engine_s = json.loads(lines[-1]), sum(slept)
+            overheads.append((summary["seconds"] - engine_s) / args.requests)
+            print(f"{i:>3} {summary['seconds'] * 1e3:9.1f} {engine_s * 1e3:11.1f} {overheads[-1] * 1e3:21.2f} "
+                  f"{summary['ttft_s']['median'] * 1e3:23.2f}   {summary['requests'] - summary['failed']}")
+    finally:  # a daemon thread still serving at interpreter exit can crash it
+        server.should_exit = True
+        thread.join(10)
     print(f"median overhead a request: {statistics.median(overheads) * 1e3:.2f} ms (loop {args.loop}); "
           f"between steps, median: {statistics.median(gaps) * 1e6:.1f} us")
 
