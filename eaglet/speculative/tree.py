@@ -99,13 +99,21 @@ def top_k(x: torch.Tensor, k: int, chunk: int | None = None) -> tuple[torch.Tens
 def propose(logits: torch.Tensor, k: int, params: SamplingParams, uniform: torch.Tensor | None):
     """Children of each row of draft logits [..., Vd] -> (draft ids, score increments, q or None).
 
-    Greedy: top-k by log-probability. Sampling: k draws without replacement from
-    q = probs(logits, params) via Gumbel-top-k on ``uniform`` [..., Vd]; increments are the
-    perturbed keys clamped at 0 (-inf for draws outside q's support).
+    Greedy: top-k by log-probability. The log-softmax shifts each row by its log-sum-exp, so the
+    top k of the logits are the same tokens, and only those k are shifted (the [..., Vd] float32
+    log-probabilities are never written). With k = 1 the increments are 0: a chain verifies every
+    node it grows (``TreeConfig``), so no score selects anything, and one argmax a step replaces the
+    softmax's reductions.
+    Sampling: k draws without replacement from q = probs(logits, params) via Gumbel-top-k on
+    ``uniform`` [..., Vd]; increments are the perturbed keys clamped at 0 (-inf for draws outside
+    q's support).
     """
     if params.greedy:
-        inc, ids = top_k(torch.log_softmax(logits.float(), dim=-1), k)
-        return ids, inc, None
+        if k == 1:
+            ids = logits.argmax(dim=-1, keepdim=True)
+            return ids, torch.zeros(ids.shape, device=logits.device), None
+        values, ids = top_k(logits, k)
+        return ids, values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True), None
     q = probs(logits, params)  # [..., Vd] float32
     keys, ids = top_k(torch.log(q) + gumbel(uniform), k)
     return ids, keys.clamp(max=0.0), q

@@ -137,6 +137,24 @@ def test_best_first_selection_greedy(target, setup):
         assert chosen == set(best)
 
 
+@pytest.mark.parametrize("cfg", [TreeConfig(4, 1, 5), TreeConfig(3, 3, 10), TreeConfig(4, 4, 30)])
+def test_greedy_proposal_without_log_softmax(target, setup, monkeypatch, cfg):
+    """Greedy growth from the logits (top k, then only those shifted by the log-sum-exp; a chain's scores
+    left at 0) builds the tree that ranking the whole log-softmax builds."""
+    import eaglet.speculative.tree as tree_mod
+
+    fast = grow(target, setup, cfg)
+
+    def by_log_softmax(logits, k, params, uniform):
+        values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        return ids, values, None
+
+    monkeypatch.setattr(tree_mod, "propose", by_log_softmax)
+    ref = grow(target, setup, cfg)
+    for name in ("tokens", "parents", "depth", "mask", "valid", "children"):
+        assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+
+
 def test_sampled_children_follow_draft_distribution(target, setup):
     """Depth-1 children over many seeds: the first child's frequency matches q (Gumbel-max)."""
     draft, _, _, seed, _ = setup
