@@ -76,11 +76,12 @@ def test_feature_noise_changes_training_not_validation(tiny_target, tmp_path):
 
 def test_budget_split_rule():
     split = BudgetSplit(budget_s=1200, epochs=4, train_tokens_per_s=100_000)
-    assert split.reserve_s == 120
+    # 20 s, 2.5 s a million tokens (tokenizing), 2% of the budget
+    assert split.reserve_s(10_000_000) == pytest.approx(20 + 25 + 24)
     # 10M tokens x 4 epochs x 1.08 padding at 100k/s = 432 s of training.
     assert split.train_seconds(10_000_000) == pytest.approx(432)
-    assert not split.regen_should_stop(640, 10_000_000)  # 640 + 120 + 432 < 1200
-    assert split.regen_should_stop(650, 10_000_000)  # 650 + 120 + 432 >= 1200
+    assert not split.regen_should_stop(698, 10_000_000)  # 698 + 69 + 432 < 1200
+    assert split.regen_should_stop(700, 10_000_000)  # 700 + 69 + 432 >= 1200
     assert split.regen_should_stop(0, 30_000_000)  # the data so far already fills the budget
     explicit = BudgetSplit(budget_s=1200, epochs=4, regen_budget_s=300)
     assert not explicit.regen_should_stop(299, 10**9) and explicit.regen_should_stop(300, 0)
@@ -179,7 +180,7 @@ def test_a_budget_with_no_room_for_training_answers_says_so(tiny_target_dir, tmp
     src = write_jsonl(tmp_path / "p.jsonl", [{"messages": list(p.messages)} for p in prompts(8, seed=3)])
     out = tmp_path / "run"
     assert main(["train", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src), "--out", str(out),
-                 "--regenerate", "--max-new-tokens", "4", "--time-budget-min", "1", "--train-tokens-per-s", "1"]) == 2
+                 "--regenerate", "--max-new-tokens", "4", "--time-budget-min", "0.3", "--train-tokens-per-s", "1"]) == 2
     assert "the time budget ended regeneration before any training answer" in capsys.readouterr().err
     assert (out / "regenerated.done.json").is_file()
 
