@@ -59,6 +59,22 @@ def path_to(tree: Tree, node: torch.Tensor, length: int) -> torch.Tensor:
 
 def greedy_accept(tree: Tree, target_ids: torch.Tensor, path_len: int) -> Acceptance:
     """target_ids [B, N]: the target's argmax at every node."""
+    accept = chain_accept if tree.children.shape[-1] == 1 else tree_accept  # topk 1: a chain (``TreeConfig``)
+    return accept(tree, target_ids, path_len)
+
+
+def chain_accept(tree: Tree, target_ids: torch.Tensor, path_len: int) -> Acceptance:
+    """``tree_accept`` for a chain (node i's parent is i - 1): the longest prefix whose tokens are the target's
+    argmax at the node before, with no masks or sort."""
+    match = (tree.tokens[:, 1:] == target_ids[:, :-1]) & tree.valid[:, 1:]  # [B, N-1]
+    n_path = 1 + match.long().cumprod(1).sum(1)  # [B]
+    path = torch.arange(path_len, device=match.device).expand(match.shape[0], path_len)
+    return Acceptance(torch.minimum(path, (n_path - 1).unsqueeze(1)), n_path,
+                      target_ids.gather(1, (n_path - 1).unsqueeze(1)).squeeze(1))
+
+
+def tree_accept(tree: Tree, target_ids: torch.Tensor, path_len: int) -> Acceptance:
+    """The deepest node whose every ancestor's token is the target's argmax at its parent."""
     match = (tree.tokens == target_ids.gather(1, tree.parents)) & tree.valid  # [B, N]
     match[:, 0] = True
     on_path = ~(tree.mask & ~match.unsqueeze(1)).any(-1)  # [B, N]: every ancestor matches

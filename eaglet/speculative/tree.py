@@ -127,6 +127,43 @@ def build_tree(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVC
     cache: the draft's cache (``lens`` = committed anchors); uniform [B, noise_rows, Vd]
     (sampling only): the randomness, drawn by the caller so this function can be graphed.
     """
+    grow = grow_chain if cfg.topk == 1 else grow_tree
+    return grow(draft, embed, seed, roots, cache, cfg, params, uniform, n_slots)
+
+
+def grow_chain(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVCache, cfg: TreeConfig,
+               params: SamplingParams, uniform: torch.Tensor | None = None, n_slots: int | None = None) -> Tree:
+    """``grow_tree``'s tree for topk = 1, a chain, in fewer kernels. Each step's one node is the next step's
+    frontier and every node is verified (``TreeConfig``: num_draft_tokens = num_steps + 1), so nothing is
+    scored, sorted or selected, and the structure (parents, depth, mask, children) is the same every
+    iteration: only the tokens (and, sampling, the q each child was drawn from) are grown. In session 16's
+    profile of the 4,1,5 iteration, selection, masks and the frontier's gathers were tens of small kernels."""
+    steps, b, dev = cfg.num_steps, seed.shape[0], seed.device
+    n, max_pos = steps + 1, draft.rotary.cos.shape[0] - 1
+    ids, _, q = propose(draft.logits(seed), 1, params, None if uniform is None else uniform[:, 0])  # [B, 1]
+    tokens, qs = [roots.view(-1, 1), draft.to_target_ids(ids)], [q]
+    out, lens = seed.unsqueeze(1), cache.lens.view(-1, 1)  # [B, 1, H], [B, 1]
+    scratch = torch.arange(cfg.region, device=dev).view(1, 1, -1)  # [1, 1, R]: step j's node sits at slot j - 1
+    for j in range(1, steps):
+        vis = (scratch < j).expand(b, 1, cfg.region)  # the chain so far: the node's ancestors and itself
+        meta = AttnMeta((lens - 1 + j).clamp(max=max_pos), lens + (j - 1), lens=cache.lens, extra=vis,
+                        n_slots=n_slots)
+        out = draft(out, embed(tokens[-1]), meta, cache)  # [B, 1, H]
+        ids, _, q = propose(draft.logits(out), 1, params, None if uniform is None else uniform[:, j:j + 1])
+        tokens.append(draft.to_target_ids(ids).view(b, 1))
+        qs.append(q)
+    node = torch.arange(n, device=dev)
+    q = None
+    if not params.greedy:  # node i's children were drawn from qs[i]; the last node was not expanded
+        q = torch.cat([qs[0].unsqueeze(1), *qs[1:], torch.zeros_like(qs[0]).unsqueeze(1)], 1)  # [B, N, Vd]
+    return Tree(tokens=torch.cat(tokens, 1), parents=(node - 1).clamp(min=0).expand(b, n), depth=node.expand(b, n),
+                mask=(node.view(-1, 1) >= node).expand(b, n, n), valid=torch.ones(b, n, dtype=torch.bool, device=dev),
+                children=torch.where(node < n - 1, node + 1, -1).view(1, n, 1).expand(b, n, 1), q=q)
+
+
+def grow_tree(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVCache, cfg: TreeConfig,
+              params: SamplingParams, uniform: torch.Tensor | None = None, n_slots: int | None = None) -> Tree:
+    """``build_tree`` for any tree (best-first selection of the grown pool)."""
     k, steps, n = cfg.topk, cfg.num_steps, cfg.num_draft_tokens
     b, dev = seed.shape[0], seed.device
     rows = torch.arange(b, device=dev).view(-1, 1)

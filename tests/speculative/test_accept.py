@@ -13,7 +13,7 @@ import torch
 
 import eaglet.speculative.accept as accept_mod
 from eaglet.sampling import SamplingParams, probs
-from eaglet.speculative.accept import greedy_accept, sample_accept
+from eaglet.speculative.accept import chain_accept, greedy_accept, sample_accept, tree_accept
 from eaglet.speculative.tree import Tree, ancestor_mask, propose
 
 PASS, FAIL = 1e-3, 1e-6  # p-value thresholds: a correct sampler passes, a biased one fails
@@ -109,6 +109,26 @@ def test_biased_samplers_are_detected(monkeypatch, bias):
         monkeypatch.setattr(accept_mod, "without", lambda q, tok: q)
     acc, em, p1, _ = run_rrs(PARAMS["t1"], 3, 2)
     assert chi_square_p(torch.bincount(em[:, 0], minlength=p1.numel()), p1) < FAIL
+
+
+def test_chain_acceptance_is_the_tree_acceptance():
+    """On a chain (topk 1) the prefix rule accepts what the general rule does: path, length, next token."""
+    gen = torch.Generator().manual_seed(11)
+    rows, n = 64, 6
+    node = torch.arange(n)
+    parents = (node - 1).clamp(min=0).expand(rows, n)
+    tokens = torch.randint(0, 4, (rows, n), generator=gen)
+    # the target agrees with the next token for a random prefix, then at random
+    agree = torch.rand(rows, n, generator=gen) < 0.7
+    target_ids = torch.where(agree, torch.cat([tokens[:, 1:], tokens[:, :1]], 1), torch.randint(0, 4, (rows, n),
+                                                                                                 generator=gen))
+    valid = torch.rand(rows, n, generator=gen) < 0.95
+    tree = Tree(tokens=tokens, parents=parents, depth=node.expand(rows, n), mask=ancestor_mask(parents, n - 1),
+                valid=valid, children=torch.where(node < n - 1, node + 1, -1).view(1, n, 1).expand(rows, n, 1), q=None)
+    fast, general = chain_accept(tree, target_ids, n), tree_accept(tree, target_ids, n)
+    assert torch.equal(fast.path, general.path) and torch.equal(fast.n_path, general.n_path)
+    assert torch.equal(fast.next_token, general.next_token)
+    assert 1 < len(set(fast.n_path.tolist()))  # accept lengths of several sizes were tested
 
 
 def test_greedy_accepts_longest_matching_path():

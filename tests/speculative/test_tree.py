@@ -155,6 +155,29 @@ def test_greedy_proposal_without_log_softmax(target, setup, monkeypatch, cfg):
         assert torch.equal(getattr(fast, name), getattr(ref, name)), name
 
 
+@pytest.mark.parametrize("cfg", [TreeConfig(4, 1, 5), TreeConfig(6, 1, 7), TreeConfig(1, 1, 2)])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_chain_growth_builds_the_general_tree(target, setup, cfg, params):
+    """A chain (topk 1) grown without scores or selection is the tree the general growth builds, q included."""
+    import eaglet.speculative.tree as tree_mod
+
+    def via(grow):
+        draft, _, dc, seed, roots = setup
+        uniform = None
+        if not params.greedy:
+            uniform = torch.rand(seed.shape[0], cfg.noise_rows, draft.config.draft_vocab_size,
+                                 generator=torch.Generator().manual_seed(7))
+        with torch.no_grad():
+            return grow(draft, target.model.embed, seed, roots, dc, cfg, params, uniform)
+
+    chain, general = via(tree_mod.grow_chain), via(tree_mod.grow_tree)
+    for name in ("tokens", "parents", "depth", "mask", "valid", "children"):
+        assert torch.equal(getattr(chain, name), getattr(general, name)), name
+    assert (chain.q is None) == params.greedy
+    if chain.q is not None:
+        assert torch.equal(chain.q, general.q)
+
+
 def test_sampled_children_follow_draft_distribution(target, setup):
     """Depth-1 children over many seeds: the first child's frequency matches q (Gumbel-max)."""
     draft, _, _, seed, _ = setup
