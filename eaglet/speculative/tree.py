@@ -137,7 +137,7 @@ def grow_chain(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVC
     frontier and every node is verified (``TreeConfig``: num_draft_tokens = num_steps + 1), so nothing is
     scored, sorted or selected, and the structure (parents, depth, mask, children) is the same every
     iteration: only the tokens (and, sampling, the q each child was drawn from) are grown. In session 16's
-    profile of the 4,1,5 iteration, selection, masks and the frontier's gathers were tens of small kernels."""
+    profile of the 4,1,5 iteration, selection, masks and the frontier's gathers were many of its small kernels."""
     steps, b, dev = cfg.num_steps, seed.shape[0], seed.device
     n, max_pos = steps + 1, draft.rotary.cos.shape[0] - 1
     ids, _, q = propose(draft.logits(seed), 1, params, None if uniform is None else uniform[:, 0])  # [B, 1]
