@@ -56,7 +56,7 @@ from eaglet.speculative.accept import Acceptance, greedy_accept, sample_accept
 from eaglet.speculative.drafting import commit_and_extend, draft_prefills
 from eaglet.speculative.policy import BatchPolicy
 from eaglet.speculative.session import SpecSession
-from eaglet.speculative.tree import Tree, TreeConfig, build_tree
+from eaglet.speculative.tree import Tree, TreeConfig, argmax, build_tree
 from eaglet.speculative.verify import verify
 
 
@@ -137,7 +137,7 @@ class _Iteration:
                               tp)
             logits, aux = verify(model, tcache, tree, capture, t_slots)
             if params.greedy:
-                acc = greedy_accept(tree, logits.argmax(-1), width)
+                acc = greedy_accept(tree, argmax(logits), width)
             elif tp.rank == 0:
                 acc = sample_accept(tree, logits, params, d2t, width, self.noise[1], self.noise[2])
             else:  # filled by share_acceptance

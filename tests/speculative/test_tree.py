@@ -8,7 +8,7 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.sampling import SamplingParams
 from eaglet.speculative.drafting import draft_prefill
-from eaglet.speculative.tree import TreeConfig, ancestor_mask, build_tree, top_k
+from eaglet.speculative.tree import TreeConfig, ancestor_mask, argmax, build_tree, top_k
 from eaglet.speculative.verify import prefill
 from tests.speculative.conftest import random_draft
 
@@ -227,3 +227,15 @@ def test_top_k_is_torch_topk(k, chunk, v):
     assert torch.equal(values, ref.values)
     assert torch.equal(indices, ref.indices)
     assert torch.equal(x.gather(-1, indices), values)
+
+
+@pytest.mark.parametrize("chunk,v", [(64, 1024), (128, 24576), (64, 1000), (64, 128)])
+def test_argmax_is_torch_argmax(chunk, v):
+    """The two-reduction argmax gives torch's index, the first of ties (values drawn from a few integers, so
+    rows hold many ties, some across chunks), rows of -inf included; the last two cases take torch's own."""
+    g = torch.Generator().manual_seed(v)
+    x = torch.randint(0, 5, (3, 5, v), generator=g).float()
+    x[0, 0] = float("-inf")
+    x[1, 2, :chunk] = -1.0  # the row's max only in later chunks
+    got = argmax(x, chunk)
+    assert got.shape == (3, 5) and torch.equal(got, x.argmax(-1))
