@@ -195,12 +195,12 @@ def grow_tree(draft, embed, seed: torch.Tensor, roots: torch.Tensor, cache: KVCa
     front = torch.arange(1, 1 + k, device=dev).expand(b, k)  # [B, k] pool ids of the frontier
     front_tok, front_score, front_in = tokens[1], inc, seed.unsqueeze(1).expand(b, k, -1)
     vis = torch.zeros(b, k, cfg.region, dtype=torch.bool, device=dev)  # [B, k, R]
+    scratch = torch.arange(cfg.region, device=dev)  # [R]; a pointwise OR, not a scatter, marks each node's own slot
     lens = cache.lens.view(-1, 1)
     base = 1 + k
     for j in range(1, steps):
         off = (j - 1) * k
-        own = (off + torch.arange(k, device=dev)).view(1, k, 1).expand(b, k, 1)
-        vis = vis.scatter(2, own, True)  # each frontier node sees itself
+        vis = vis | (scratch == off + torch.arange(k, device=dev).view(1, k, 1))  # each frontier node sees itself
         slots = lens + off + torch.arange(k, device=dev)  # [B, k]
         pos = (lens - 1 + j).clamp(max=max_pos).expand(b, k)
         meta = AttnMeta(pos, slots, lens=cache.lens, extra=vis, n_slots=n_slots)  # sees committed + ancestors
