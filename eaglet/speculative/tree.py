@@ -50,14 +50,17 @@ class Tree:
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """parents [B, N] (root's parent = itself, node 0) -> [B, N, N] self-or-ancestor mask."""
+    """parents [B, N] (root's parent = itself, node 0) -> [B, N, N] self-or-ancestor mask.
+
+    Node i's ancestors are its parent hops 0..max_depth (depth <= max_depth reaches the root); j is marked where
+    one of them is j. Gathers and a comparison, which inductor fuses, rather than a scatter into the mask per
+    hop (two kernels a hop)."""
     b, n = parents.shape
-    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(b, n, n).clone()
-    cur = parents
-    for _ in range(max_depth):  # depth <= max_depth, so this reaches the root from every node
-        mask.scatter_(2, cur.unsqueeze(-1), True)
-        cur = parents.gather(1, cur)
-    return mask
+    hops = [torch.arange(n, device=parents.device).expand(b, n)]
+    for _ in range(max_depth):
+        hops.append(parents.gather(1, hops[-1]))
+    anc = torch.stack(hops, -1)  # [B, N, D+1]
+    return (anc.unsqueeze(2) == torch.arange(n, device=parents.device).view(1, 1, n, 1)).any(-1)
 
 
 def gumbel(uniform: torch.Tensor) -> torch.Tensor:
