@@ -37,6 +37,16 @@ class AttnMeta:
     lens: torch.Tensor | None = None  # [B] committed slots, seen by every new token
     extra: torch.Tensor | None = None  # [B, T, E] new token t sees slot lens + e
     n_slots: int | None = None  # S of the dense mask (static shapes); None: the slots in use
+    causal: bool = False  # ``extra`` is the causal mask of tokens appended after ``lens`` (``append_meta``)
+    _empty: bool | None = None  # ``from_empty``'s answer, once read
+
+    def from_empty(self) -> bool:
+        """Whether this is an eager causal append to rows with nothing committed (a prefill), so that each new
+        token sees exactly the new tokens before it and attention needs no mask. Reads ``lens`` once (the dense
+        mask of an eager forward reads it too); a forward of static shapes (``n_slots``: graphs) never does."""
+        if self._empty is None:
+            self._empty = self.causal and self.n_slots is None and int(self.lens.max()) == 0
+        return self._empty
 
     def dense_mask(self) -> torch.Tensor:
         """[B, 1, T, S] True = attend; built once per forward (every layer reads the same one)."""
@@ -139,7 +149,7 @@ class KVCache:
         offs = torch.arange(n_new, device=self.lens.device)
         positions = self.lens.unsqueeze(1) + offs  # [B, T]
         causal = (offs.view(1, -1) <= offs.view(-1, 1)).expand(self.batch, n_new, n_new)  # [B, T, T]
-        return AttnMeta(positions, positions, lens=self.lens, extra=causal, n_slots=n_slots)
+        return AttnMeta(positions, positions, lens=self.lens, extra=causal, n_slots=n_slots, causal=True)
 
     def tree_meta(self, depth: torch.Tensor, tree_mask: torch.Tensor, n_slots: int | None = None) -> AttnMeta:
         """Metadata for a tree of ``n`` nodes written after the committed slots.

@@ -217,3 +217,35 @@ def test_reshaped_sees_the_same_memory_as_other_rows_and_slots():
     assert cache.reshaped(2, 32).k[0].data_ptr() == cache.k[0].data_ptr()
     with pytest.raises(ValueError, match="do not fit"):
         cache.reshaped(4, 17)
+
+
+@torch.no_grad()
+def test_a_prefill_into_empty_rows_attends_without_a_mask(model, monkeypatch):
+    """A causal append to empty rows (an eager prefill) takes SDPA's causal path, no dense mask: the same
+    logits at every row's real tokens as the masked path, and a later append (rows not empty) or a static
+    forward (``n_slots``) keeps the mask."""
+    import eaglet.kv_cache as kv
+
+    prompts = [_rand(37, 1), _rand(20, 2)]  # right-padded to 37
+    ids = torch.zeros(2, 37, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+
+    def forward(cache, n_slots=None):
+        meta = cache.append_meta(ids.shape[1], n_slots)
+        h, _ = model(ids, meta, cache)
+        return model.logits(h), meta
+
+    fast, meta = forward(model.new_cache(2, 64))
+    assert meta.from_empty() and meta.mask is None  # no mask was built
+    monkeypatch.setattr(kv.AttnMeta, "from_empty", lambda self: False)
+    masked, meta = forward(model.new_cache(2, 64))
+    assert meta.mask is not None
+    monkeypatch.undo()
+    for i, p in enumerate(prompts):
+        torch.testing.assert_close(fast[i, : len(p)], masked[i, : len(p)], atol=TOL, rtol=TOL)
+        torch.testing.assert_close(fast[i, : len(p)], plain_logits(model, p), atol=TOL, rtol=TOL)
+    cache = model.new_cache(2, 64)
+    cache.lens.fill_(3)
+    assert not cache.append_meta(4).from_empty()  # rows with committed slots
+    assert not model.new_cache(2, 64).append_meta(4, 64).from_empty()  # static shapes

@@ -109,7 +109,9 @@ def rows_fitting(target: Target, slots: int, most: int) -> int:
 def prefill_reserve(target: Target, slots: int) -> int:
     """Bytes of one admission's attention scores, float32: an eager prefill of PREFILL_TOKENS padded tokens
     over at most ``slots`` slots (SDPA's math path materializes them; a stage admitting all its rows in one
-    forward asked 21.96 GiB at 512 rows and 87.83 GiB at 2,048 on an H200)."""
+    forward asked 21.96 GiB at 512 rows and 87.83 GiB at 2,048 on an H200). Since session 23 a Llama-family
+    admission into empty rows runs SDPA's causal kernels with no mask and materializes none (``AttnMeta.
+    from_empty``); MLA's dense path still does, so the reserve stays."""
     return PREFILL_TOKENS * slots * target.config.num_heads * 4
 
 

@@ -57,6 +57,9 @@ def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta
         from eaglet.models.tree_attention import tree_attention
 
         return tree_attention(q, cache.k[layer], cache.v[layer], meta.lens, meta.extra)
+    if meta.from_empty():  # a prefill into empty rows: causal over its own tokens, SDPA's fused kernels apply
+        keys, vals = cache.view(layer, q.shape[1])
+        return attention(q.transpose(1, 2), keys, vals, None, causal=True).transpose(1, 2)
     mask = meta.dense_mask()
     keys, vals = cache.view(layer, mask.shape[-1])  # [B, nkv, S, D]
     return attention(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)

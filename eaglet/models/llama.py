@@ -120,9 +120,10 @@ class Transformer(nn.Module):
         else:
             positions = meta.positions
         cos, sin = self.rotary(positions)
-        if cache is not None and self.attends_densely(ids, meta):
+        if cache is not None and self.attends_densely(ids, meta) and not meta.from_empty():
             # Built once, here: built by the first layer inside the layers' compiled region (DecoderLayer) it
             # is a side effect torch.compile refuses, which kept SDPA's paths (the CPU, long prefills) eager.
+            # (``from_empty`` is read here for the same reason: a prefill into empty rows needs no mask.)
             meta.dense_mask()
         h = self.embed(ids)  # [B, T, H]
         delta = torch.zeros_like(h)  # the MLP output each layer adds first (DecoderLayer.forward)
