@@ -120,10 +120,9 @@ class Transformer(nn.Module):
         else:
             positions = meta.positions
         cos, sin = self.rotary(positions)
-        if cache is not None and self.attends_densely(ids, meta) and not meta.from_empty():
+        if cache is not None and self.attends_densely(ids, meta):
             # Built once, here: built by the first layer inside the layers' compiled region (DecoderLayer) it
             # is a side effect torch.compile refuses, which kept SDPA's paths (the CPU, long prefills) eager.
-            # (``from_empty`` is read here for the same reason: a prefill into empty rows needs no mask.)
             meta.dense_mask()
         h = self.embed(ids)  # [B, T, H]
         delta = torch.zeros_like(h)  # the MLP output each layer adds first (DecoderLayer.forward)
@@ -139,8 +138,9 @@ class Transformer(nn.Module):
         return self.norm(h), aux
 
     def attends_densely(self, ids: torch.Tensor, meta: AttnMeta) -> bool:
-        """Whether attention over the cache reads ``meta.dense_mask()`` (SDPA), not the Triton kernel."""
-        return not kernel_applies(ids.device, self.cfg.head_dim, meta)
+        """Whether attention over the cache reads ``meta.dense_mask()`` (SDPA), not the Triton kernel nor SDPA's
+        causal path of a prefill into empty rows (``from_empty``, read here first for the reason above)."""
+        return not kernel_applies(ids.device, self.cfg.head_dim, meta) and not meta.from_empty()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)  # [..., V]
