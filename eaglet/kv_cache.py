@@ -38,15 +38,18 @@ class AttnMeta:
     extra: torch.Tensor | None = None  # [B, T, E] new token t sees slot lens + e
     n_slots: int | None = None  # S of the dense mask (static shapes); None: the slots in use
     causal: bool = False  # ``extra`` is the causal mask of tokens appended after ``lens`` (``append_meta``)
-    _empty: bool | None = None  # ``from_empty``'s answer, once read
+    _longest: int | None = None  # the most slots a row has committed, read from ``lens`` once (eager forwards)
+
+    def longest(self) -> int:
+        if self._longest is None:
+            self._longest = int(self.lens.max())
+        return self._longest
 
     def from_empty(self) -> bool:
         """Whether this is an eager causal append to rows with nothing committed (a prefill), so that each new
-        token sees exactly the new tokens before it and attention needs no mask. Reads ``lens`` once (the dense
-        mask of an eager forward reads it too); a forward of static shapes (``n_slots``: graphs) never does."""
-        if self._empty is None:
-            self._empty = self.causal and self.n_slots is None and int(self.lens.max()) == 0
-        return self._empty
+        token sees exactly the new tokens before it and attention needs no mask. An eager forward reads ``lens``
+        once for this and its dense mask; a forward of static shapes (``n_slots``: graphs) never does."""
+        return self.causal and self.n_slots is None and self.longest() == 0
 
     def dense_mask(self) -> torch.Tensor:
         """[B, 1, T, S] True = attend; built once per forward (every layer reads the same one)."""
@@ -56,7 +59,7 @@ class AttnMeta:
 
     def _build_mask(self) -> torch.Tensor:
         b, t, e = self.extra.shape
-        s = self.n_slots if self.n_slots is not None else int(self.lens.max()) + e
+        s = self.n_slots if self.n_slots is not None else self.longest() + e
         slot = torch.arange(s, device=self.lens.device).view(1, 1, s)
         lens = self.lens.view(-1, 1, 1)
         rel = (slot - lens).clamp(0, e - 1).expand(b, t, s)  # [B, T, S]

@@ -71,25 +71,31 @@ def gumbel(uniform: torch.Tensor) -> torch.Tensor:
 TOPK_CHUNK = 128
 
 
+def chunks(x: torch.Tensor, chunk: int | None) -> int | None:
+    """The chunk of a two-stage reduction over x's last dim (``top_k``, ``argmax``): ``chunk``, by default
+    TOPK_CHUNK on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
+    v = x.shape[-1]
+    chunk = (TOPK_CHUNK if x.device.type == "cuda" else None) if chunk is None else chunk
+    return None if chunk is None or v % chunk or v < 4 * chunk else chunk
+
+
 def top_k(x: torch.Tensor, k: int, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., V] -> (values, indices) [..., k], largest first: what ``x.topk(k)`` gives (up to the order of
     ties), in fewer and cheaper kernels on CUDA.
 
     torch.topk over a few long rows takes its multi-block radix select, ~19 kernels a call: on the H200
     a 6,8,48 iteration over SmolLM2's 24,576-token draft vocabulary spent ~0.25 ms of its 1.80 ms in them
-    (docs/performance.md, session 15). k = 1 is a max, a reduction inductor fuses with the log-softmax
-    before it. Otherwise, with ``chunk`` (default: TOPK_CHUNK on CUDA, none elsewhere) dividing V: each chunk
-    sorted, its best k kept, then those V/chunk*k candidates sorted and the best k kept, exact since every
-    row's top k lies among its chunks' top k. Sorts, not torch.topk: topk over short slices still takes
-    a radix select of many passes (17.5 us a call for 192 slices of 128 on the H200, session 16), where
-    a sort of short slices is one small kernel (~4 us for 64-element slices there).
+    (docs/performance.md, session 15). k = 1 is ``argmax``. Otherwise, with a chunk (``chunks``) dividing V:
+    each chunk sorted, its best k kept, then those V/chunk*k candidates sorted and the best k kept, exact
+    since every row's top k lies among its chunks' top k. Sorts, not torch.topk: topk over short slices
+    still takes a radix select of many passes (17.5 us a call for 192 slices of 128 on the H200, session 16),
+    where a sort of short slices is one small kernel (~4 us for 64-element slices there).
     """
     if k == 1:
-        values, indices = x.max(dim=-1, keepdim=True)
-        return values, indices
-    v = x.shape[-1]
-    chunk = (TOPK_CHUNK if x.device.type == "cuda" else None) if chunk is None else chunk
-    if chunk is None or v % chunk or v < 4 * chunk or k > chunk:
+        indices = argmax(x, chunk).unsqueeze(-1)
+        return x.gather(-1, indices), indices
+    v, chunk = x.shape[-1], chunks(x, chunk)
+    if chunk is None or k > chunk:
         return x.topk(k, dim=-1)
     lead, n = x.shape[:-1], v // chunk
     part = x.reshape(*lead, n, chunk).sort(dim=-1, descending=True)  # each chunk in order
@@ -104,9 +110,8 @@ def argmax(x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     (or with ``chunk``, dividing V) as two reductions: each chunk's max, then the first chunk holding the row's.
     One reduction over few long rows runs few programs: the verify's argmax of 5-48 rows of 49,152 logits took
     9.5-9.9 us in session 16's profile."""
-    v = x.shape[-1]
-    chunk = (TOPK_CHUNK if x.device.type == "cuda" else None) if chunk is None else chunk
-    if chunk is None or v % chunk or v < 4 * chunk:
+    v, chunk = x.shape[-1], chunks(x, chunk)
+    if chunk is None:
         return x.argmax(-1)
     part = x.unflatten(-1, (v // chunk, chunk)).max(-1)  # [..., V/chunk]: each chunk's max and its index
     best = part.values.argmax(-1, keepdim=True)  # [..., 1]
