@@ -32,7 +32,7 @@ from eaglet.errors import EagletError
 from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.models.attention import cached_attention, sdpa
 from eaglet.models.config import ModelConfig
-from eaglet.models.layers import Linear, RMSNorm, Rotary, apply_rotary, dense
+from eaglet.models.layers import Linear, RMSNorm, Rotary, apply_rotary, dense, rms_norm
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,7 @@ class PointNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(k * hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pts = x.float().unflatten(-1, (self.k, -1))  # [..., k, H]
-        pts = pts * torch.rsqrt(pts.pow(2).mean(-1, keepdim=True) + self.eps)
+        pts = rms_norm(x.float().unflatten(-1, (self.k, -1)), self.eps)  # [..., k, H]
         return (pts.flatten(-2) * self.weight.float()).to(x.dtype)
 
 

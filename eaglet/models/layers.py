@@ -116,6 +116,19 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x over its root mean square along the last axis, computed in float32 (as the reference
+    implementations do) and returned in x's dtype; no weight."""
+    if torch.compiler.is_compiling():
+        # Traced, the formula: the compiler fuses it with its neighbours (the residual add, the weight).
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    # Eagerly, torch's op: the same float32 math in one kernel on CUDA, where the formula launches six
+    # (an eager prefill of tens of thousands of tokens, as regeneration admits and training captures, is
+    # bound by such elementwise passes). On the CPU it is the formula itself.
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -123,10 +136,7 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 as the reference implementations do, then cast back.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * rms_norm(x, self.eps)
 
     def load(self, src: TensorSource) -> None:
         _copy(self.weight, src.narrow(0, 0, src.shape[0]), "norm.weight")
