@@ -30,7 +30,7 @@ from itertools import accumulate
 import torch
 
 from eaglet.errors import EagletError
-from eaglet.generate import Completion, DecodeChunks, StopChecker, prefill
+from eaglet.generate import Completion, DecodeChunks, StopChecker, eos_ids, prefill
 from eaglet.kv_cache import Landing
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
@@ -41,10 +41,10 @@ from eaglet.sampling import SamplingParams, sample, sample_at
 class _Row:
     """One request's output: its limit, stop handling, and appends of several tokens."""
 
-    def __init__(self, target: Target, prompt_len: int, params: SamplingParams, capacity: int):
+    def __init__(self, target: Target, prompt_len: int, params: SamplingParams, capacity: int, eos: frozenset[int]):
         self.out = Completion([], "length")
         self.limit = min(params.max_new_tokens, capacity - prompt_len)
-        self.stops = StopChecker(target, params)
+        self.stops = StopChecker(target, params, eos)
         self.done = False
 
     def add(self, new: list[int]) -> list[int]:
@@ -94,6 +94,7 @@ class Session:
         self.gen = torch.Generator(device=dev)
         self.gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.rows: dict[int, _Row] = {}
+        self.eos = eos_ids(target)
         self.landing = Landing(cache, target.model.new_cache)
         self.own_draws = own_draws
         self.draws: dict[int, tuple[random.Random, float]] = {}  # own_draws: row -> (its generator, temperature)
@@ -159,7 +160,7 @@ class Session:
         self.roots[torch.tensor(rows, device=self.roots.device)] = roots
         first = []
         for i, prompt, p, t in zip(rows, prompts, each, roots.tolist()):
-            self.rows[i] = _Row(self.target, len(prompt), p, self.capacity)
+            self.rows[i] = _Row(self.target, len(prompt), p, self.capacity, self.eos)
             first.append(self._add(i, [t]))
             self.active[i] = 0 if self.rows[i].done else 1
         return first

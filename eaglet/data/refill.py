@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.data.prompts import Conversation, note
+from eaglet.detokenize import decode_many
 from eaglet.errors import EagletError
 from eaglet.generate import PlainGenerator, cache_slots
 from eaglet.loading.target import Target
@@ -175,8 +176,8 @@ class Refill:
                         _admit(session, queue, owner, self.params)
                     else:
                         queue.clear()  # the budget ended: the rows in flight finish, nothing joins them
-                done([_answer(self.target, owner.pop(i), session.release(i))
-                      for i in list(owner) if session.rows[i].done])
+                finished = [i for i in owner if session.rows[i].done]
+                done(_answers(self.target, [owner.pop(i) for i in finished], [session.release(i) for i in finished]))
                 if not session.running():
                     if not queue:
                         return
@@ -208,6 +209,9 @@ def _admit(session: Session, queue: deque, owner: dict[int, Job], params: Sampli
         owner.update(zip(rows, take))
 
 
-def _answer(target: Target, job: Job, out) -> Answer:
-    return Answer(job, target.tokenizer.decode(out.tokens, skip_special_tokens=True), out.finish_reason,
-                  len(job.prompt), len(out.tokens), out.tokens)
+def _answers(target: Target, jobs: list[Job], outs: list) -> list[Answer]:
+    # One batched decode: a thousand answers a second finish at 2,048 rows, each decoded on the host
+    # while the GPU waits for the next step.
+    texts = decode_many(target.tokenizer, [o.tokens for o in outs])
+    return [Answer(j, text, o.finish_reason, len(j.prompt), len(o.tokens), o.tokens)
+            for j, text, o in zip(jobs, texts, outs)]

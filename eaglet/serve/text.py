@@ -4,13 +4,16 @@ Decoding the whole answer at every step costs O(length) each time (~50 us at 256
 paid per row and step on the thread that also serves HTTP). ``StreamText`` decodes only
 the tokens after its last checkpoint, plus a few before it as context: a checkpoint is set
 where the text so far ends in a whole character, so tokens that follow cannot change it.
-Decoders whose output is not local (``clean_up_tokenization_spaces`` edits across
-tokens) decode the whole answer, as does any step whose window does not decode to a
-prefix of its extension. A windowed decoder without checkpoints (session 8) differed from
-the whole decode on bytes that never complete a character.
+Tokenizers whose transformers ``decode`` is not the Rust decoder's text (a clean-up of
+spaces that edits across tokens, where it applies: ``detokenize.rust_decoder``) decode the
+whole answer, as does any step whose window does not decode to a prefix of its extension.
+A windowed decoder without checkpoints (session 8) differed from the whole decode on bytes
+that never complete a character.
 """
 
 from __future__ import annotations
+
+from eaglet.detokenize import rust_decoder
 
 WINDOW = 4  # tokens decoded again before a checkpoint: a decoder strips a slice's leading space, say
 
@@ -26,10 +29,11 @@ class StreamText:
     def __init__(self, tokenizer, stops: tuple[str, ...]):
         self.stops, self.ids, self.sent = stops, [], 0
         self.hold = max((len(x) for x in stops), default=1) - 1
-        self.local = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        # A fast tokenizer's Rust decoder, called directly: what transformers adds around it (converting
-        # the ids, the clean-up that ``local`` excludes) cost as much again as decoding a window.
-        backend = getattr(tokenizer, "backend_tokenizer", None) if self.local else None
+        # A fast tokenizer's Rust decoder, called directly where it gives transformers' text: what
+        # transformers adds around it cost as much again as decoding a window. Otherwise transformers'
+        # decode may clean up spaces across tokens, so the whole answer is decoded each time.
+        backend = rust_decoder(tokenizer)
+        self.local = backend is not None
         self._decoder = backend.decode if backend is not None else tokenizer.decode
         # ids[:mark] decode to ``marked`` whatever follows; ids[mark - WINDOW:mark] decode to ``window``.
         self.mark, self.marked, self.window = 0, "", ""
