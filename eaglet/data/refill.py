@@ -157,7 +157,8 @@ class Refill:
 
         ``admitting()`` is asked before each admission while jobs wait; once False, no job is admitted
         again and the rows in flight finish. ``done(answers)`` receives the answers finished by each
-        admission or step (often none): it may raise to stop the run (Ctrl-C), dropping the rows in flight.
+        admission or step (often none), while the next step runs on the device: it may raise to stop the
+        run (Ctrl-C), dropping the rows in flight.
         """
         if not jobs:
             return
@@ -177,12 +178,14 @@ class Refill:
                     else:
                         queue.clear()  # the budget ended: the rows in flight finish, nothing joins them
                 finished = [i for i in owner if session.rows[i].done]
-                done(_answers(self.target, [owner.pop(i) for i in finished], [session.release(i) for i in finished]))
+                ended = [owner.pop(i) for i in finished], [session.release(i) for i in finished]
                 if not session.running():
+                    done(_answers(self.target, *ended))
                     if not queue:
                         return
                     continue
-                session.step()
+                # Decoded and written while the device runs the step: the host's work off the GPU's path.
+                session.step(launched=lambda ended=ended: done(_answers(self.target, *ended)))
 
     def trim(self) -> None:
         """Free the sessions' admission scratch caches (``Landing``: one per power-of-two count of rows, grown

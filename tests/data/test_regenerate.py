@@ -182,6 +182,42 @@ def test_answers_do_not_depend_on_the_batch(tiny_target, tmp_path, monkeypatch):
     assert any(r["answer_ids"] != greedy[r["id"].split("~")[0]]["answer_ids"] for r in sampled)  # they do sample
 
 
+def test_ctrl_c_while_a_step_runs_keeps_whole_answers_and_the_run_resumes(tiny_target, tmp_path, monkeypatch):
+    """Finished answers are written while the next step runs (its ``launched`` hook): a Ctrl-C noticed there
+    ends the run with whole records, and the same command then writes exactly what one run writes."""
+    import os
+    import signal
+
+    from eaglet.errors import Interrupted
+
+    _ends_by_first_token(monkeypatch)
+    ps = prompts(12, seed=12, split="train")
+    whole = tmp_path / "whole.jsonl"
+    regenerate(tiny_target, ps, whole, PARAMS, batch_size=4, progress=False)
+    out = tmp_path / "r.jsonl"
+    hooked, step = [], Session.step
+
+    def interrupting(self, launched=None):
+        def hook():
+            if len(hooked) == 5:
+                os.kill(os.getpid(), signal.SIGINT)  # the handler sets the stop flag; writing answers honours it
+            before = out.stat().st_size
+            try:
+                launched()
+            finally:
+                hooked.append(out.stat().st_size > before)  # answers written inside the step
+        return step(self, hook)
+
+    monkeypatch.setattr(Session, "step", interrupting)
+    with pytest.raises(Interrupted, match="run the same command again"):
+        regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False)
+    kept = out.read_text().splitlines()
+    assert 0 < len(kept) < 12 and all(json.loads(line)["id"] for line in kept) and any(hooked)
+    monkeypatch.setattr(Session, "step", step)
+    assert regenerate(tiny_target, ps, out, PARAMS, batch_size=4, progress=False).written == 12 - len(kept)
+    assert sorted(out.read_text().splitlines()) == sorted(whole.read_text().splitlines())
+
+
 def test_a_budget_stops_admitting_and_the_rows_in_flight_finish(tiny_target, tmp_path):
     ps = prompts(6, seed=10)
     asked = []
