@@ -41,3 +41,13 @@ def test_module_keeps_the_cast_before_the_weight():
     x = torch.randn(5, 64, dtype=torch.bfloat16) * 40
     torch.testing.assert_close(norm(x), norm.weight * _formula(x, 1e-6), rtol=0, atol=0)
     assert not torch.equal(norm(x), F.rms_norm(x.float(), (64,), norm.weight.float(), 1e-6).to(torch.bfloat16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_fused_op_and_the_compiled_formula_agree_with_the_formula():
+    torch.manual_seed(2)
+    x = (torch.randn(4, 300, 576, device="cuda") * torch.logspace(-2, 3, 576, device="cuda")).bfloat16()
+    want = _formula(x, 1e-5)
+    torch.testing.assert_close(rms_norm(x, 1e-5), want)  # a bf16 rounding apart at most (reduction order)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(lambda t: rms_norm(t, 1e-5), fullgraph=True)(x), want)
