@@ -169,6 +169,10 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--fused-ttt-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="the TTT attention as a causal flash attention plus the chain's keys, without its dense "
                         "mask (default: on CUDA; the same loss and gradients as the masked one)")
+    t.add_argument("--feature-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep each conversation's target features in memory after their first pass, so later "
+                        "epochs skip the target's forward (default: on CUDA, in the memory training leaves free; "
+                        "what does not fit is recomputed)")
     t.add_argument("--target-turns-only", action="store_true",
                    help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
     t.add_argument("--lr", type=number(0, low_open=True), default=tc.lr, help="peak learning rate (AdamW)")

@@ -3,7 +3,8 @@
 Regeneration runs first and keeps adding answers while the time left can still train
 ``epochs`` passes over everything answered so far:
 
-    stop regenerating when  elapsed + reserve + epochs * padding * tokens / train_tokens_per_s  >=  budget
+    stop regenerating when  elapsed + reserve + train_seconds(tokens)  >=  budget
+    train_seconds(tokens) = padding * tokens * (1 / train_tokens_per_s + (epochs - 1) / cached_tokens_per_s)
 
 ``tokens`` are the prompt and answer tokens of the records written so far (earlier runs
 included); ``padding`` (1.08) is padded over real tokens of length-bucketed batches and
@@ -12,7 +13,9 @@ included); ``padding`` (1.08) is padded over real tokens of length-bucketed batc
 regenerates (``probe``), ``--train-tokens-per-s`` sets it, and the figure below stands in for runs
 across ranks. Both constants were measured in the one-command runs that made SmolLM2 drafts on one
 H200 (session 9's: 107k/s with a draft vocabulary of 12,288; session 13's, shipped: 6 passes over
-10.0M tokens in 661 s, 3,714 steps at 0.178 s with the vocabulary of 24,576: 98k/s). ``reserve`` covers
+10.0M tokens in 661 s, 3,714 steps at 0.178 s with the vocabulary of 24,576: 98k/s). Passes after the first
+read the target's features from memory where the run keeps them (``feature_cache``): the probe times those
+steps too (``cached_tokens_per_s``; the first pass's rate where it is not timed). ``reserve`` covers
 tokenizing (2.5 s a million tokens; 1.4-1.7 s measured on the H200's host), the final validation and the
 export (20 s) and 2% of the budget for error. Until session 23 it was 60 s + 5% of the budget, which left
 62 of a 7.5-minute run's 450 s unused (tokenizing took 8 s, the training estimate was within 3%). Training
@@ -47,8 +50,9 @@ CLOCK_NAME = "clock.json"  # seconds the earlier pieces of a budgeted run spent,
 class BudgetSplit:
     budget_s: float  # the whole command, from its start
     epochs: int
-    train_tokens_per_s: float = H200_SMOLLM2_TRAIN_TOKENS_PER_S
+    train_tokens_per_s: float = H200_SMOLLM2_TRAIN_TOKENS_PER_S  # the first pass (the target computes features)
     regen_budget_s: float | None = None  # an explicit cap on regeneration (--regen-budget-min)
+    cached_tokens_per_s: float | None = None  # later passes, features read from memory; None: as the first
 
     def reserve_s(self, tokens: int) -> float:
         """Seconds kept for what follows regeneration besides training, with ``tokens`` data tokens."""
@@ -56,7 +60,8 @@ class BudgetSplit:
 
     def train_seconds(self, tokens: int) -> float:
         """Estimated seconds of ``epochs`` passes over ``tokens`` data tokens."""
-        return self.epochs * PADDING * tokens / self.train_tokens_per_s
+        later = self.cached_tokens_per_s or self.train_tokens_per_s
+        return PADDING * tokens * (1 / self.train_tokens_per_s + (self.epochs - 1) / later)
 
     def regen_should_stop(self, elapsed_s: float, tokens: int) -> bool:
         if self.regen_budget_s is not None:

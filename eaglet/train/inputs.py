@@ -2,8 +2,9 @@
 
 Online (the default on GPU for a small target): the frozen target runs on the batch and
 returns its captured points and final hidden state. Offline: both come from feature
-shards (``eaglet data capture``). Either way the target's own LM head turns the final
-hidden state into the label distribution, and its embedding gives the draft's token
+shards (``eaglet data capture``). Online with a ``FeatureCache``, each conversation's
+features are kept after their first forward and read back in later epochs. Either way the
+target's own LM head turns the final hidden state into the label distribution, and its embedding gives the draft's token
 inputs, so the two modes feed the draft identical tensors.
 """
 
@@ -18,6 +19,7 @@ from eaglet.capture import CaptureSpec
 from eaglet.data.dataset import TokenData, pad_right
 from eaglet.data.features import FeatureSet
 from eaglet.loading.target import Target
+from eaglet.train.feature_cache import FeatureCache
 
 
 @dataclass
@@ -36,8 +38,10 @@ class StepInputs:
 
 class Featurizer:
     def __init__(self, target: Target, capture: CaptureSpec, draft_ids: torch.Tensor,
-                 source: TokenData | FeatureSet, device: torch.device, max_len: int | None = None):
+                 source: TokenData | FeatureSet, device: torch.device, max_len: int | None = None,
+                 cache: FeatureCache | None = None):
         self.target, self.capture, self.source, self.device = target, capture, source, device
+        self.cache = cache  # online only: each conversation's features after their first forward
         self.draft_ids = draft_ids.to(device)  # [Vd] target ids of the draft vocabulary, in its order
         self.offline = isinstance(source, FeatureSet)
         # On CUDA, padding T to a multiple of 64 keeps the set of kernel shapes small.
@@ -64,7 +68,15 @@ class Featurizer:
             t = self._length([p[0].numel() for p in pairs])
             ids = pad_right([p[0].long() for p in pairs], 0, t).to(dev)
             mask = pad_right([p[1] for p in pairs], False, t).to(dev)
-            hidden, aux = model(ids, capture=self.capture.points)
+            if self.cache is not None and all(i in self.cache for i in rows):
+                kept = [self.cache.get(i) for i in rows]
+                aux, hidden = _pad_rows([a for a, _ in kept], t), _pad_rows([h for _, h in kept], t)
+            else:
+                hidden, aux = model(ids, capture=self.capture.points)
+                if self.cache is not None:
+                    for r, (i, p) in enumerate(zip(rows, pairs)):
+                        n = min(p[0].numel(), t)  # a row's own positions (a later batch is at least this long)
+                        self.cache.put(i, aux[r, :n], hidden[r, :n])
         logits = model.logits(hidden)  # [B, T, V]
         top = logits.argmax(-1)  # [B, T]
         logp = logits.index_select(-1, self.draft_ids).float().log_softmax(-1)  # [B, T, Vd]

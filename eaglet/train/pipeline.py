@@ -157,12 +157,15 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
     if regen is not None:
         stop_when = None
         if time_budget_s or regen_budget_s:
+            cached = None
             if time_budget_s and not (regen_budget_s or train_tokens_per_s or dist.enabled or regen_done(out)):
                 with clock.stage("probe"):
-                    train_tokens_per_s = probe.train_tokens_per_s(target, cfg, dist.device)
-                note(f"training here makes ~{train_tokens_per_s / 1e3:,.1f}k padded tokens a second (a few steps "
-                     "timed; --train-tokens-per-s sets it): the budget's split counts with that")
+                    train_tokens_per_s, cached = probe.train_tokens_per_s(target, cfg, dist.device)
+                again = f", {cached / 1e3:,.1f}k with its features kept" if cached != train_tokens_per_s else ""
+                note(f"training here makes ~{train_tokens_per_s / 1e3:,.1f}k padded tokens a second{again} (a few "
+                     "steps timed; --train-tokens-per-s sets it): the budget's split counts with that")
             split = BudgetSplit(time_budget_s or float("inf"), cfg.epochs, regen_budget_s=regen_budget_s,
+                                cached_tokens_per_s=cached,
                                 **({"train_tokens_per_s": train_tokens_per_s} if train_tokens_per_s else {}))
             stop_when = split.stopper(start)
         with clock.stage("regenerate"):

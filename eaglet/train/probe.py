@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +24,7 @@ from eaglet.draft.vocab import default_draft_vocab_size
 from eaglet.loading.target import Target
 from eaglet.options import TrainConfig
 from eaglet.train.evaluate import unroll
+from eaglet.train.feature_cache import FeatureCache
 from eaglet.train.inputs import Featurizer
 from eaglet.train.ttt import TTTLoss
 
@@ -57,6 +59,11 @@ class StepRig:
         self.autocast = cfg.autocast if cfg.autocast is not None else device.type == "cuda"
         self.grad_clip = cfg.grad_clip
 
+    def keep_features(self) -> None:
+        """From the next step on, the rows' features are kept after their forward and read back (later epochs)."""
+        h = self.feats.target.config.hidden_size
+        self.feats.cache = FeatureCache(len(self.feats.capture.points) * h, h, self.tokens)
+
     def step(self, mark: Callable[[], object] = lambda: None) -> list:
         marks = [mark()]
         inp = self.feats(self.rows)
@@ -72,28 +79,40 @@ class StepRig:
         return marks
 
 
-def train_tokens_per_s(target: Target, cfg: TrainConfig, device: torch.device, steps: int = 4) -> float:
+class TrainRates(NamedTuple):
+    first: float  # padded tokens a second of a pass whose features the target computes
+    cached: float  # of a later pass reading them from memory (``feature_cache``); the first's where none is kept
+
+
+def train_tokens_per_s(target: Target, cfg: TrainConfig, device: torch.device, steps: int = 4) -> TrainRates:
     """Padded training tokens a second a run of ``cfg`` makes on ``device``: ``steps`` timed steps after two
     warm-up steps (``--compile-loss`` compiles in the first; the run reuses that compile), of CPU_TOKENS on a
-    CPU, times RUN_OVER_STEP. Its memory is handed back before regeneration sizes its batch from what is free,
-    and the random state is left as it was (a run resumed past this point, which times nothing, draws the same)."""
+    CPU, times RUN_OVER_STEP; then, where the run keeps features, ``steps`` more reading them from memory. Its
+    memory is handed back before regeneration sizes its batch from what is free, and the random state is left
+    as it was (a run resumed past this point, which times nothing, draws the same)."""
     cuda = device.type == "cuda"
 
-    def sync() -> None:
+    def timed(rig: StepRig) -> float:
         if cuda:
             torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            rig.step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        return rig.tokens * steps / (time.perf_counter() - t0) * RUN_OVER_STEP
 
     with torch.random.fork_rng(devices=[device.index or 0] if cuda else []):
         rig = StepRig(target, cfg if cuda else replace(cfg, batch_tokens=min(cfg.batch_tokens, CPU_TOKENS)), device)
         for _ in range(2):
             rig.step()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            rig.step()
-        sync()
-        rate = rig.tokens * steps / (time.perf_counter() - t0) * RUN_OVER_STEP
+        first = timed(rig)
+        cached = first
+        if cfg.caches_features(device):
+            rig.keep_features()
+            rig.step()  # its features go into the cache
+            cached = timed(rig)
         del rig
     if cuda:
         torch.cuda.empty_cache()
-    return rate
+    return TrainRates(first, cached)

@@ -34,6 +34,7 @@ from eaglet.loading.target import Target
 from eaglet.options import TrainConfig
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
 from eaglet.train.evaluate import score, unroll
+from eaglet.train.feature_cache import FeatureCache, caches_for
 from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
@@ -80,8 +81,10 @@ class Trainer:
             self._init_vocab()
         draft_ids = self.draft.vocab_ids()
         max_len = cfg.seq_len(tc.max_position_embeddings)
-        self.train_feats = Featurizer(target, self.capture, draft_ids, train, dev, max_len)
-        self.val_feats = Featurizer(target, self.capture, draft_ids, val, dev, max_len) if val is not None else None
+        train_cache, val_cache = self._feature_caches(train, val)
+        self.train_feats = Featurizer(target, self.capture, draft_ids, train, dev, max_len, train_cache)
+        self.val_feats = Featurizer(target, self.capture, draft_ids, val, dev, max_len, val_cache) \
+            if val is not None else None
         self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, *cfg.fast_ttt(dev))
         self.model = self.loss
         if dist.enabled:
@@ -113,6 +116,22 @@ class Trainer:
                 # head_rows: whole rows [Vd, H] (the embedding's when tied), also from a vocab-sharded head.
                 rows = self.target.model.head_rows(ids.to(self.target.model.embed.weight.device))
                 d.lm_head.weight.copy_(rows.float())
+
+    def _feature_caches(self, train, val) -> tuple[FeatureCache | None, FeatureCache | None]:
+        """(train, val) caches of the target's features for online sources, validation's first, as memory
+        allows; none where training reads offline features."""
+        if not self.cfg.caches_features(self.dist.device) or not isinstance(train, TokenData):
+            return None, None
+        tc = self.target.config
+        val_tokens = val.num_tokens if isinstance(val, TokenData) else 0
+        val_cache, train_cache = caches_for([val_tokens, train.num_tokens], len(self.capture.points) * tc.hidden_size,
+                                            tc.hidden_size, self.target.model.embed.weight.element_size(),
+                                            self.dist.device)
+        if self.dist.main:
+            kept = train_cache.capacity
+            note(f"keeping the target's features of {kept:,} of {train.num_tokens:,} training tokens in memory after "
+                 "their first pass" + ("" if kept == train.num_tokens else " (the rest are recomputed each epoch)"))
+        return train_cache, val_cache if val_tokens else None
 
     def _resume(self, info: dict) -> None:
         if info.get("run") != self.run_key:

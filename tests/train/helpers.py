@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from eaglet.data.dataset import TokenData
 from eaglet.data.prompts import Conversation
+from eaglet.data.template import Tokenized
 from eaglet.loading.target import Target, load_target
 from tests.conftest import make_hf_model
 
@@ -69,6 +71,18 @@ def prompts(n: int, seed: int = 0, split: str | None = None) -> list[Conversatio
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
         out.append(Conversation(f"p{seed}-{i}", ({"role": "user", "content": text},), split=split))
     return out
+
+
+def token_data(target: Target, n: int, seed: int) -> TokenData:
+    """Random prompts with made-up answers (the trainer's labels come from the target anyway)."""
+    from eaglet.chat import encode_chat
+
+    items = []
+    for p in prompts(n, seed=seed):
+        ids = encode_chat(target.tokenizer, list(p.messages))
+        ans = target.tokenizer(" the cat sat on the mat", add_special_tokens=False)["input_ids"]
+        items.append(Tokenized(ids + ans, [False] * len(ids) + [True] * len(ans)))
+    return TokenData.from_tokenized(items)
 
 
 def write_jsonl(path: Path, records: list) -> Path:

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from eaglet.capture import CaptureSpec
 from eaglet.cli import main
-from eaglet.data.dataset import TokenData
-from eaglet.data.template import Tokenized
 from eaglet.draft.compat import load_draft_for
 from eaglet.draft.model import PointNorm
 from eaglet.errors import EagletError
 from eaglet.options import TrainConfig
 from eaglet.train.budget import BudgetSplit
 from eaglet.train.trainer import Trainer
-from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, write_jsonl
+from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, token_data, write_jsonl
 
 FAST = dict(ttt_steps=2, lr=3e-3, warmup_steps=2, batch_tokens=256, epochs=20, progress=False)
 
@@ -32,20 +31,8 @@ def test_point_norm_normalises_each_point_on_its_own():
     torch.testing.assert_close(out[:, 16:], b / b.pow(2).mean(-1, keepdim=True).sqrt())
 
 
-def _data(target, n: int, seed: int) -> TokenData:
-    """Random prompts with made-up answers (the trainer's labels come from the target anyway)."""
-    from eaglet.chat import encode_chat
-
-    items = []
-    for p in prompts(n, seed=seed):
-        ids = encode_chat(target.tokenizer, list(p.messages))
-        ans = target.tokenizer(" the cat sat on the mat", add_special_tokens=False)["input_ids"]
-        items.append(Tokenized(ids + ans, [False] * len(ids) + [True] * len(ans)))
-    return TokenData.from_tokenized(items)
-
-
 def test_aux_norm_is_trained_exported_and_served(tiny_target, tmp_path):
-    train, val = _data(tiny_target, 24, 31), _data(tiny_target, 6, 32)
+    train, val = token_data(tiny_target, 24, 31), token_data(tiny_target, 6, 32)
     res = Trainer(TrainConfig(max_steps=4, aux_norm=True, **FAST), tiny_target, train, val, tmp_path).run()
     assert res["steps"] == 4
     draft, cfg = load_draft_for(tmp_path / "draft", tiny_target)
@@ -62,7 +49,7 @@ def test_aux_norm_is_trained_exported_and_served(tiny_target, tmp_path):
 
 
 def test_feature_noise_changes_training_not_validation(tiny_target, tmp_path):
-    train, val = _data(tiny_target, 24, 33), _data(tiny_target, 6, 34)
+    train, val = token_data(tiny_target, 24, 33), token_data(tiny_target, 6, 34)
     runs = {}
     for noise in (0.0, 0.5):
         out = tmp_path / f"noise{noise}"
@@ -83,6 +70,9 @@ def test_budget_split_rule():
     assert not split.regen_should_stop(698, 10_000_000)  # 698 + 69 + 432 < 1200
     assert split.regen_should_stop(700, 10_000_000)  # 700 + 69 + 432 >= 1200
     assert split.regen_should_stop(0, 30_000_000)  # the data so far already fills the budget
+    # Features kept after the first pass: 10M x 1.08 x (1/100k + 3/200k) = 270 s.
+    kept = BudgetSplit(budget_s=1200, epochs=4, train_tokens_per_s=100_000, cached_tokens_per_s=200_000)
+    assert kept.train_seconds(10_000_000) == pytest.approx(270)
     explicit = BudgetSplit(budget_s=1200, epochs=4, regen_budget_s=300)
     assert not explicit.regen_should_stop(299, 10**9) and explicit.regen_should_stop(300, 0)
 
@@ -146,7 +136,10 @@ def test_the_training_rate_probe_times_steps_of_the_runs_shape(tiny_target):
     assert rig.tokens == 128 and len(rig.step(lambda: 0)) == 5
     assert rig.draft.config.draft_vocab_size == default_draft_vocab_size(tiny_target.config.vocab_size)
     state = torch.get_rng_state()
-    assert probe.train_tokens_per_s(tiny_target, cfg, torch.device("cpu"), steps=1) > 0
+    rates = probe.train_tokens_per_s(tiny_target, cfg, torch.device("cpu"), steps=1)
+    assert rates.first > 0 and rates.cached == rates.first  # a CPU run keeps no features by default
+    kept = probe.train_tokens_per_s(tiny_target, replace(cfg, feature_cache=True), torch.device("cpu"), steps=1)
+    assert kept.first > 0 and kept.cached > 0 and kept.cached != kept.first  # the later passes timed apart
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -160,7 +153,8 @@ def test_a_budgeted_regeneration_splits_with_a_training_rate_timed_here(tiny_tar
         pass
 
     seen = {}
-    monkeypatch.setattr(pipeline.probe, "train_tokens_per_s", lambda *a: seen.setdefault("probed", 1234.0))
+    monkeypatch.setattr(pipeline.probe, "train_tokens_per_s",
+                        lambda *a: seen.setdefault("probed", pipeline.probe.TrainRates(1234.0, 1234.0)))
 
     def regenerate_run(target, data, out, rc, dist, stop_when, *rest):
         seen["stops"] = (stop_when(0), stop_when(10**6))  # 1M tokens a pass at 1,234 a second: > 600 s
@@ -172,7 +166,7 @@ def test_a_budgeted_regeneration_splits_with_a_training_rate_timed_here(tiny_tar
         with pytest.raises(Stop):
             pipeline.run_train(tiny_target, "builtin", tmp_path / str(rate), TrainConfig(), regen=RegenConfig(),
                                time_budget_s=600, train_tokens_per_s=rate)
-        assert seen.get("probed") == (1234.0 if rate is None else None)
+        assert seen.get("probed") == ((1234.0, 1234.0) if rate is None else None)
         assert seen["stops"] == ((False, True) if rate is None else (False, False))
 
 

@@ -1,0 +1,77 @@
+"""The target's features of each conversation kept in memory after their first pass, so that later epochs
+(and every validation after the first) skip the frozen target's forward.
+
+What a step reads from the target, its captured points [T, k*H] and final hidden state [T, H], depends on the
+conversation alone (the target is frozen; under right padding a row's positions see only its own tokens, up to
+the rounding of GEMMs of another batch shape), yet online training recomputed them every epoch: the target's
+forward was 41 of the H200's 151 ms a step of 16k tokens in session 16's profile (docs/training.md). In bf16 a
+token takes (k + 1) * H * 2 bytes (SmolLM2: 4.6 KB, so 13M training tokens take 60 GB): an H200 holds a
+one-command run's features beside training; a smaller card keeps the conversations that fit, first come
+first kept, and recomputes the others. Rows are stored as the online forward made them, cut at their length.
+"""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+# Kept free for training itself beside the cache: the H200's step of 16k tokens peaked at 18.9 GiB
+# (scripts/train_step_profile.py, session 17), the optimizer's states and the allocator's slack on top.
+HEADROOM_BYTES = 24 << 30
+HEADROOM_SHARE = 0.2  # of the device's memory, where that is more
+CPU_SHARE = 0.25  # of the host's available memory, on a CPU (where the cache is off unless asked for)
+
+
+class FeatureCache:
+    """Captured points and hidden states by conversation index, in one buffer of ``capacity`` tokens (allocated
+    at the first ``put``)."""
+
+    def __init__(self, aux_width: int, hidden_width: int, capacity: int):
+        self.aux_width, self.width, self.capacity = aux_width, aux_width + hidden_width, capacity
+        self.buf: torch.Tensor | None = None  # [capacity, k*H + H]
+        self.spans: dict[int, tuple[int, int]] = {}  # conversation -> (first token, tokens)
+        self.used = 0
+
+    def __contains__(self, i: int) -> bool:
+        return i in self.spans
+
+    def put(self, i: int, aux: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Keep conversation ``i``'s aux [n, k*H] and hidden [n, H] if it is new and fits."""
+        n = aux.shape[0]
+        if i in self.spans or self.used + n > self.capacity:
+            return
+        if self.buf is None:
+            self.buf = aux.new_empty(self.capacity, self.width)
+        rows = self.buf[self.used: self.used + n]
+        rows[:, : self.aux_width] = aux
+        rows[:, self.aux_width:] = hidden
+        self.spans[i] = (self.used, n)
+        self.used += n
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Conversation ``i``'s (aux [n, k*H], hidden [n, H]), views of the buffer."""
+        at, n = self.spans[i]
+        rows = self.buf[at: at + n]
+        return rows[:, : self.aux_width], rows[:, self.aux_width:]
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a cache may take on ``device``: on CUDA what is free (the allocator's unused blocks included)
+    less the headroom training needs; on a CPU a share of what the host has available."""
+    if device.type != "cuda":
+        return int(psutil.virtual_memory().available * CPU_SHARE)
+    free, total = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(0, free + unused - max(HEADROOM_BYTES, int(total * HEADROOM_SHARE)))
+
+
+def caches_for(token_counts: list[int], aux_width: int, hidden_width: int, bytes_per_value: int,
+               device: torch.device) -> list[FeatureCache]:
+    """A cache for each set of ``token_counts[j]`` tokens, in that order of priority (validation first: it is
+    small and read every few hundred steps), sharing the memory ``free_bytes`` allows."""
+    left = free_bytes(device) // ((aux_width + hidden_width) * bytes_per_value)
+    caches = []
+    for n in token_counts:
+        caches.append(FeatureCache(aux_width, hidden_width, min(n, left)))
+        left -= caches[-1].capacity
+    return caches
