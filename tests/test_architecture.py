@@ -9,8 +9,9 @@ above (function-level imports count too: they are dependencies all the same):
     capture                        the capture contract
  3  models/, kv_cache, sampling    the target's math
  4  loading/                       checkpoints into models (models/ never reads loading/)
- 5  generate, session, cuda_graph, plain decoding and its running batch, prefill graphs; the draft model
-    prefill, chat, draft/
+ 5  generate, session, cuda_graph, plain decoding and its running batch, prefill graphs; prompts as chat
+    prefill, chat, detokenize,     messages, ids back to text; the draft model
+    draft/
  6  speculative/, data/            tree speculative decoding; training data
  7  train/, bench/, serve/         what the commands are made of
  8  doctor/                        checks training against serving with the real code above
@@ -33,7 +34,7 @@ LAYERS = [
     {"outputs", "interrupt", "options", "capture", "openai_client"},
     {"models", "kv_cache", "sampling"},
     {"loading"},
-    {"generate", "session", "cuda_graph", "prefill", "chat", "draft"},
+    {"generate", "session", "cuda_graph", "prefill", "chat", "detokenize", "draft"},
     {"speculative", "data"},
     {"train", "bench", "serve"},
     {"doctor"},
