@@ -181,13 +181,8 @@ class TrainConfig:
     # 16k tokens from 134 to 111 ms (docs/training.md, session 18), off on the CPU (a compile outweighs it).
     compile_loss: bool | None = None
     fused_ttt_attention: bool | None = None
-    # Keep each conversation's target features in memory after their first pass (train/feature_cache.py), so
-    # later epochs skip the target's forward; None: on CUDA (the card's free memory, less training's headroom).
-    feature_cache: bool | None = None
+    feature_cache: bool | None = None  # target features kept after their first pass (train/feature_cache.py)
     progress: bool = True
-
-    def caches_features(self, device: torch.device) -> bool:
-        return on_cuda_unless_given(self.feature_cache, device)
 
     def fast_ttt(self, device: torch.device) -> tuple[bool, bool]:
         """(compile_loss, fused_ttt_attention) for a run on ``device``: as given, else on CUDA."""

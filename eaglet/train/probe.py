@@ -22,7 +22,7 @@ from eaglet.data.template import Tokenized
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.draft.vocab import default_draft_vocab_size
 from eaglet.loading.target import Target
-from eaglet.options import TrainConfig
+from eaglet.options import TrainConfig, on_cuda_unless_given
 from eaglet.train.evaluate import unroll
 from eaglet.train.feature_cache import FeatureCache
 from eaglet.train.inputs import Featurizer
@@ -108,7 +108,7 @@ def train_tokens_per_s(target: Target, cfg: TrainConfig, device: torch.device, s
             rig.step()
         first = timed(rig)
         cached = first
-        if cfg.caches_features(device):
+        if on_cuda_unless_given(cfg.feature_cache, device):
             rig.keep_features()
             rig.step()  # its features go into the cache
             cached = timed(rig)

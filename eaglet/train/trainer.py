@@ -31,7 +31,7 @@ from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab,
 from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
-from eaglet.options import TrainConfig
+from eaglet.options import TrainConfig, on_cuda_unless_given
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
 from eaglet.train.evaluate import score, unroll
 from eaglet.train.feature_cache import FeatureCache, caches_for
@@ -120,7 +120,7 @@ class Trainer:
     def _feature_caches(self, train, val) -> tuple[FeatureCache | None, FeatureCache | None]:
         """(train, val) caches of the target's features for online sources, validation's first, as memory
         allows; none where training reads offline features."""
-        if not self.cfg.caches_features(self.dist.device) or not isinstance(train, TokenData):
+        if not on_cuda_unless_given(self.cfg.feature_cache, self.dist.device) or not isinstance(train, TokenData):
             return None, None
         tc = self.target.config
         val_tokens = val.num_tokens if isinstance(val, TokenData) else 0
