@@ -12,14 +12,15 @@ first kept, and recomputes the others. Rows are stored as the online forward mad
 
 from __future__ import annotations
 
-import psutil
+import os
+
 import torch
 
 # Kept free for training itself beside the cache: the H200's step of 16k tokens peaked at 18.9 GiB
 # (scripts/train_step_profile.py, session 17), the optimizer's states and the allocator's slack on top.
 HEADROOM_BYTES = 24 << 30
 HEADROOM_SHARE = 0.2  # of the device's memory, where that is more
-CPU_SHARE = 0.25  # of the host's available memory, on a CPU (where the cache is off unless asked for)
+CPU_SHARE = 0.25  # of the host's free memory, on a CPU (where the cache is off unless asked for)
 
 
 class FeatureCache:
@@ -57,9 +58,9 @@ class FeatureCache:
 
 def free_bytes(device: torch.device) -> int:
     """Memory a cache may take on ``device``: on CUDA what is free (the allocator's unused blocks included)
-    less the headroom training needs; on a CPU a share of what the host has available."""
+    less the headroom training needs; on a CPU a share of the host's free memory."""
     if device.type != "cuda":
-        return int(psutil.virtual_memory().available * CPU_SHARE)
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * CPU_SHARE)
     free, total = torch.cuda.mem_get_info(device)
     unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return max(0, free + unused - max(HEADROOM_BYTES, int(total * HEADROOM_SHARE)))
