@@ -27,8 +27,9 @@ class FeatureCache:
     """Captured points and hidden states by conversation index, in one buffer of ``capacity`` tokens (allocated
     at the first ``put``)."""
 
-    def __init__(self, aux_width: int, hidden_width: int, capacity: int):
+    def __init__(self, aux_width: int, hidden_width: int, capacity: int, dtype: torch.dtype | None = None):
         self.aux_width, self.width, self.capacity = aux_width, aux_width + hidden_width, capacity
+        self.dtype = dtype  # of the buffer (the features are cast to it); None: the first features'
         self.buf: torch.Tensor | None = None  # [capacity, k*H + H]
         self.spans: dict[int, tuple[int, int]] = {}  # conversation -> (first token, tokens)
         self.used = 0
@@ -42,7 +43,7 @@ class FeatureCache:
         if i in self.spans or self.used + n > self.capacity:
             return
         if self.buf is None:
-            self.buf = aux.new_empty(self.capacity, self.width)
+            self.buf = aux.new_empty(self.capacity, self.width, dtype=self.dtype or aux.dtype)
         rows = self.buf[self.used: self.used + n]
         rows[:, : self.aux_width] = aux
         rows[:, self.aux_width:] = hidden
@@ -66,13 +67,13 @@ def free_bytes(device: torch.device) -> int:
     return max(0, free + unused - max(HEADROOM_BYTES, int(total * HEADROOM_SHARE)))
 
 
-def caches_for(token_counts: list[int], aux_width: int, hidden_width: int, bytes_per_value: int,
+def caches_for(token_counts: list[int], aux_width: int, hidden_width: int, dtype: torch.dtype,
                device: torch.device) -> list[FeatureCache]:
     """A cache for each set of ``token_counts[j]`` tokens, in that order of priority (validation first: it is
     small and read every few hundred steps), sharing the memory ``free_bytes`` allows."""
-    left = free_bytes(device) // ((aux_width + hidden_width) * bytes_per_value)
+    left = free_bytes(device) // ((aux_width + hidden_width) * dtype.itemsize)
     caches = []
     for n in token_counts:
-        caches.append(FeatureCache(aux_width, hidden_width, min(n, left)))
+        caches.append(FeatureCache(aux_width, hidden_width, min(n, left), dtype))
         left -= caches[-1].capacity
     return caches

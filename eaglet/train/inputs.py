@@ -1,11 +1,11 @@
 """What one training step needs from the target, computed online or read from offline shards.
 
 Online (the default on GPU for a small target): the frozen target runs on the batch and
-returns its captured points and final hidden state. Offline: both come from feature
-shards (``eaglet data capture``). Online with a ``FeatureCache``, each conversation's
-features are kept after their first forward and read back in later epochs. Either way the
-target's own LM head turns the final hidden state into the label distribution, and its embedding gives the draft's token
-inputs, so the two modes feed the draft identical tensors.
+returns its captured points and final hidden state; with a ``FeatureCache``, each
+conversation's are kept after their first forward and read back in later epochs. Offline:
+both come from feature shards (``eaglet data capture``). Either way the target's own LM
+head turns the final hidden state into the label distribution, and its embedding gives the
+draft's token inputs, so the modes feed the draft identical tensors.
 """
 
 from __future__ import annotations

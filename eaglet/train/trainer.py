@@ -125,8 +125,7 @@ class Trainer:
         tc = self.target.config
         val_tokens = val.num_tokens if isinstance(val, TokenData) else 0
         val_cache, train_cache = caches_for([val_tokens, train.num_tokens], len(self.capture.points) * tc.hidden_size,
-                                            tc.hidden_size, self.target.model.embed.weight.element_size(),
-                                            self.dist.device)
+                                            tc.hidden_size, self.target.model.embed.weight.dtype, self.dist.device)
         if self.dist.main:
             kept = train_cache.capacity
             note(f"keeping the target's features of {kept:,} of {train.num_tokens:,} training tokens in memory after "

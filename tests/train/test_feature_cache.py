@@ -58,9 +58,11 @@ def test_kept_features_equal_the_forwards(tiny_target, monkeypatch, capacity):
 
 
 def test_caches_share_the_memory_allowed_in_order(monkeypatch):
-    monkeypatch.setattr("eaglet.train.feature_cache.free_bytes", lambda device: 150 * (300 + 100) * 4)  # 150 tokens
-    val, train = caches_for([40, 1000], 3 * 100, 100, 4, torch.device("cpu"))
+    monkeypatch.setattr("eaglet.train.feature_cache.free_bytes", lambda device: 150 * (300 + 100) * 2)  # 150 tokens
+    val, train = caches_for([40, 1000], 3 * 100, 100, torch.bfloat16, torch.device("cpu"))
     assert (val.capacity, train.capacity) == (40, 110)
+    train.put(0, torch.ones(7, 300), torch.ones(7, 100))  # float32 features, kept in the buffer's bfloat16
+    assert train.buf.dtype == torch.bfloat16 and train.buf.shape == (110, 400) and train.used == 7
 
 
 def test_training_with_kept_features_learns_what_it_learns_without(tiny_target, tmp_path, monkeypatch):
