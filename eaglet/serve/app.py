@@ -49,16 +49,23 @@ class _End(str):
 class EventStream(StreamingResponse):
     """A streaming response whose last text (an ``_End``) and the end of the body go out in one write (with
     chunked encoding, the terminating empty chunk): the client's read of the answer ends at that write, not at
-    a second one after the generator has finished."""
+    a second one after the generator has finished. The headers go out with the first text, not as soon as the
+    handler returns: then the HTTP thread's work for them would run while the engine admits and prefills the
+    request, taking the GIL from its launches (a client sees no text before the first token either way)."""
 
     async def stream_response(self, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         async for text in self.body_iterator:
+            if start:
+                await send(start)
+                start = None
             last = isinstance(text, _End)
             await send({"type": "http.response.body", "body": text.encode(self.charset), "more_body": not last})
             if last:
                 await self.body_iterator.aclose()
                 return
+        if start:
+            await send(start)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -239,6 +239,36 @@ def test_tokens_queued_behind_one_another_go_out_as_one_chunk():
     asyncio.run(run())
 
 
+def test_a_stream_sends_its_headers_with_its_first_text():
+    """Not as the handler returns: the HTTP thread's work for them would run while the engine prefills."""
+    import asyncio
+
+    from eaglet.serve.app import EventStream, _End
+
+    async def run(texts: list[str]) -> list:
+        sent, gate = [], asyncio.Event()
+
+        async def body():
+            await gate.wait()
+            for t in texts:
+                yield t
+
+        async def send(message):
+            sent.append((message["type"], message.get("body", b"").decode(), message.get("more_body")))
+
+        task = asyncio.create_task(EventStream(body(), media_type="text/event-stream").stream_response(send))
+        await asyncio.sleep(0.01)
+        assert sent == []  # the first event has not come: nothing, headers included
+        gate.set()
+        await task
+        return sent
+
+    start = ("http.response.start", "", None)
+    assert asyncio.run(run(["data: a\n\n", _End("data: [DONE]\n\n")])) == [
+        start, ("http.response.body", "data: a\n\n", True), ("http.response.body", "data: [DONE]\n\n", False)]
+    assert asyncio.run(run([])) == [start, ("http.response.body", "", False)]  # a body that ends with no text
+
+
 def test_overlapped_hand_off_delivers_the_same_answers(served_dirs, one_thread):
     """``overlap`` (``--overlap-handoff``): a step's tokens reach the loop only once the next step is queued, or
     before the worker waits; every request still gets all its tokens, in order, and its end."""
