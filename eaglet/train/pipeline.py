@@ -22,6 +22,7 @@ from pathlib import Path
 from eaglet.data.dataset import TokenData
 from eaglet.data.features import FeatureSet
 from eaglet.data.prompts import BUILTIN, Conversation, load_conversations, note, split_train_val
+from eaglet.data.refill import release_memory
 from eaglet.data.sources import RegenConfig, answer_sources
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
@@ -170,6 +171,7 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
             stop_when = split.stopper(start)
         with clock.stage("regenerate"):
             data = regenerate_run(target, data, out, regen, dist, stop_when, val_fraction, cfg.progress)
+        release_memory()  # its running batch, held by cycles: training sizes its feature cache from what is free
     elif data == BUILTIN:  # the CLI refuses this before loading; here for callers of run_train
         raise EagletError("the built-in corpus holds prompts only: add --regenerate to have the target answer them")
     budget_cut = regen is not None and regen_done(out) is not None

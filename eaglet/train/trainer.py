@@ -24,7 +24,6 @@ from tqdm import tqdm
 from eaglet.data.dataset import TokenData, length_batches
 from eaglet.data.features import FeatureSet
 from eaglet.data.prompts import note
-from eaglet.data.refill import release_memory
 from eaglet.draft.checkpoint import MAX_SHARD_BYTES, save_draft
 from eaglet.draft.compat import target_identity
 from eaglet.draft.model import DraftConfig, Eagle3Draft
@@ -123,7 +122,6 @@ class Trainer:
         allows; none where training reads offline features."""
         if not on_cuda_unless_given(self.cfg.feature_cache, self.dist.device) or not isinstance(train, TokenData):
             return None, None
-        release_memory()  # what regeneration's batch left to the cyclic collector counts as free
         tc = self.target.config
         val_tokens = val.num_tokens if isinstance(val, TokenData) else 0
         val_cache, train_cache = caches_for([val_tokens, train.num_tokens], len(self.capture.points) * tc.hidden_size,
