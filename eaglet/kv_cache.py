@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.errors import EagletError
+from eaglet.models.slot_moves import move_slots
 
 
 @dataclass
@@ -175,9 +176,7 @@ class KVCache:
         base = self.lens.unsqueeze(1)
         src = (base + accepted).clamp(max=self.capacity - 1)  # [B, A]
         dst = (base + torch.arange(a, device=base.device)).clamp(max=self.capacity - 1)
-        for cache in (*self.k, *self.v):
-            moved = cache[self._rows, :, src]  # [B, A, n_kv, D] (gathered before writing)
-            cache[self._rows, :, dst] = moved
+        move_slots([*self.k, *self.v], src, dst)  # one launch for every layer's K and V on CUDA
         self.lens += n_accepted
 
     def advance(self, n: torch.Tensor | int) -> None:
