@@ -10,7 +10,10 @@ sends the first ``--requests`` bench prompts one after another; a request's answ
 slept (measured, so a late wake-up of the sleeping thread is not counted as overhead), over the
 requests: sending, parsing and tokenizing the request, the scheduler's turns, the hand-off of each
 step's tokens to the HTTP thread, the stream's writes and the client's reading. "Between steps" is the
-scheduler's turn alone: from one step's end to the next one's start within a request. On the H200 a served
+scheduler's turn alone: from one step's end to the next one's start within a request. ``--stages`` also
+times each request's way through the server (medians over every run's requests): the app's ingress (body,
+validation) to the template, the template, the tokenizer, the hand-off to the engine, the first and the last
+step's events to their writes, and the client's turnaround from the last write to the next request. On the H200 a served
 request at concurrency 1 took ~5.5 ms more than offline (docs/performance.md, session 22); this
 isolates the part no GPU is needed to study.
 """
@@ -30,14 +33,86 @@ import types
 
 from eaglet.generate import Completion
 
+STAGES = [  # (what, from mark, to mark): the marks a request's dict collects when --stages is on
+    ("ingress: body, routing, validation", "arrived", "template"),
+    ("chat template", "template", "tokenize"),
+    ("tokenizer", "tokenize", "tokenized"),
+    ("hand-off to the engine", "tokenized", "admit"),
+    ("the first events to their write", "admitted", "first_write"),
+    ("the last step's events to their write", "last_step", "last_write"),
+]
+
+
+class Stages:
+    """Timestamps of each request's way through the server (the requests come one at a time)."""
+
+    def __init__(self):
+        self.requests: list[dict[str, float]] = []
+
+    def mark(self, name: str, new: bool = False) -> None:
+        if new:
+            self.requests.append({})
+        if self.requests:
+            self.requests[-1].setdefault(name, time.perf_counter())
+
+    def last(self, name: str) -> None:
+        if self.requests:
+            self.requests[-1][name] = time.perf_counter()
+
+    def report(self) -> None:
+        done = [r for r in self.requests if "last_write" in r]
+        for what, a, b in STAGES:
+            print(f"  {what:<40} {statistics.median(r[b] - r[a] for r in done) * 1e3:7.3f} ms")
+        turn = [n["arrived"] - r["last_write"] for r, n in zip(done, done[1:])]
+        print(f"  {'the client: last write to next request':<40} {statistics.median(turn) * 1e3:7.3f} ms")
+
+
+class TimedTokenizer:
+    """The tokenizer, with the template's and the encoding's start marked."""
+
+    def __init__(self, tok, stages: Stages):
+        self._tok, self._stages = tok, stages
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self._stages.mark("template")
+        return self._tok.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        self._stages.mark("tokenize")
+        out = self._tok(*args, **kwargs)
+        self._stages.mark("tokenized")
+        return out
+
+
+def timed_app(app, stages: Stages):
+    """The ASGI app, marking a chat request's arrival and its body's first and last write."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
+            return await app(scope, receive, send)
+        stages.mark("arrived", new=True)
+
+        async def timed_send(message):
+            if message["type"] == "http.response.body":
+                stages.mark("first_write")
+                if not message.get("more_body", False):
+                    stages.mark("last_write")
+            await send(message)
+
+        await app(scope, receive, timed_send)
+    return wrapped
+
 
 class FakeSession:
     """The part of ``Session`` the scheduler uses, at batch 1: admit and step sleep, tokens are made up."""
 
     batch = 1
 
-    def __init__(self, params, args, slept: list[float], words: list[int], gaps: list[float]):
+    def __init__(self, params, args, slept: list[float], words: list[int], gaps: list[float], stages: Stages):
         self.params, self.args, self.slept, self.words, self.gaps = params, args, slept, words, gaps
+        self.stages = stages
         self.last_end: float | None = None  # when the last step ended (None before a request's first step)
         self.rows: dict[int, types.SimpleNamespace] = {}
         self.verifies = self.accepted = 0
@@ -55,7 +130,9 @@ class FakeSession:
         pass
 
     def admit(self, rows, prompts, params) -> list[list[int]]:
+        self.stages.mark("admit")
         self._sleep(self.args.prefill_ms)
+        self.stages.mark("admitted")
         for r in rows:
             self.rows[r] = types.SimpleNamespace(n=0, done=False, tokens=[100])
         return [[100] for _ in rows]
@@ -74,6 +151,7 @@ class FakeSession:
             row.done = row.n >= self.args.steps
             self.verifies, self.accepted = self.verifies + 1, self.accepted + k
         self.last_end = time.perf_counter()
+        self.stages.last("last_step")
         return out
 
     def release(self, row: int) -> Completion:
@@ -90,6 +168,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"], help="uvicorn's event loop")
+    ap.add_argument("--stages", action="store_true", help="also time each request's stages in the server")
     args = ap.parse_args()
 
     import uvicorn
@@ -100,14 +179,18 @@ def main() -> None:
     from eaglet.serve.scheduler import Scheduler
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    stages = Stages()
     slept: list[float] = []
     gaps: list[float] = []  # from one step's end to the next one's start, within a request: the scheduler's turn
     words = tok("an answer of ordinary words, one piece at a time, " * 8, add_special_tokens=False)["input_ids"]
-    target = types.SimpleNamespace(tokenizer=tok, name="fake", config=types.SimpleNamespace(vocab_size=len(tok)))
+    target = types.SimpleNamespace(tokenizer=TimedTokenizer(tok, stages) if args.stages else tok, name="fake",
+                                   config=types.SimpleNamespace(vocab_size=len(tok)))
     engine = types.SimpleNamespace(target=target, capacity=1 << 20, use_graphs=False,
-                                   session=lambda size, params: FakeSession(params, args, slept, words, gaps))
+                                   session=lambda size, params: FakeSession(params, args, slept, words, gaps, stages))
     metrics = Metrics()
     app = build_app(engine, Scheduler(engine, 1, 64, metrics, (1,)), metrics, "fake")
+    if args.stages:
+        app = timed_app(app, stages)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -138,6 +221,9 @@ def main() -> None:
         thread.join(10)
     print(f"median overhead a request: {statistics.median(overheads) * 1e3:.2f} ms (loop {args.loop}); "
           f"between steps, median: {statistics.median(gaps) * 1e6:.1f} us")
+    if args.stages:
+        print("a request's stages in the server, medians:")
+        stages.report()
 
 
 if __name__ == "__main__":
