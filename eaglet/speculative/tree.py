@@ -34,6 +34,7 @@ import torch
 from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.options import TreeConfig
 from eaglet.sampling import SamplingParams, probs
+from eaglet.speculative import fused_top_k
 
 
 @dataclass
@@ -125,7 +126,8 @@ def propose(logits: torch.Tensor, k: int, params: SamplingParams, uniform: torch
     top k of the logits are the same tokens, and only those k are shifted (the [..., Vd] float32
     log-probabilities are never written). With k = 1 the increments are 0: a chain verifies every
     node it grows (``TreeConfig``), so no score selects anything, and one argmax a step replaces the
-    softmax's reductions.
+    softmax's reductions. On CUDA the top k and the log-sum-exp come from one operator of two launches
+    (``fused_top_k``).
     Sampling: k draws without replacement from q = probs(logits, params) via Gumbel-top-k on
     ``uniform`` [..., Vd]; increments are the perturbed keys clamped at 0 (-inf for draws outside
     q's support).
@@ -134,6 +136,10 @@ def propose(logits: torch.Tensor, k: int, params: SamplingParams, uniform: torch
         if k == 1:
             ids = argmax(logits).unsqueeze(-1)
             return ids, torch.zeros(ids.shape, device=logits.device), None
+        if fused_top_k.usable(logits, k):
+            values, ids, lse = fused_top_k.top_k_lse(logits.reshape(-1, logits.shape[-1]), k)  # [R, k], [R]
+            lead = logits.shape[:-1]
+            return ids.view(*lead, k), (values - lse.unsqueeze(-1)).view(*lead, k), None
         values, ids = top_k(logits, k)
         return ids, values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True), None
     q = probs(logits, params)  # [..., Vd] float32
