@@ -54,11 +54,13 @@ def test_propose_takes_the_fused_path_with_the_same_proposals():
         pytest.skip("the operator is registered for CUDA")
     g = torch.Generator(device="cuda").manual_seed(3)
     logits = torch.randn(2, 8, 24576, device="cuda", generator=g)
-    assert fused_top_k.usable(logits, 8)
     greedy = SamplingParams(temperature=0.0)
-    ids, inc, _ = propose(logits, 8, greedy, None)
-    saved, fused_top_k.ENABLED = fused_top_k.ENABLED, False
+    saved = fused_top_k.ENABLED
     try:
+        fused_top_k.ENABLED = True
+        assert fused_top_k.usable(logits, 8)
+        ids, inc, _ = propose(logits, 8, greedy, None)
+        fused_top_k.ENABLED = False
         want_ids, want_inc, _ = propose(logits, 8, greedy, None)
     finally:
         fused_top_k.ENABLED = saved
