@@ -8,7 +8,7 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.sampling import SamplingParams
 from eaglet.speculative.drafting import draft_prefill
-from eaglet.speculative.tree import TreeConfig, ancestor_mask, argmax, build_tree, top_k
+from eaglet.speculative.tree import TreeConfig, ancestor_mask, argmax, best_first, build_tree, top_k
 from eaglet.speculative.verify import prefill
 from tests.speculative.conftest import random_draft
 
@@ -239,3 +239,16 @@ def test_argmax_is_torch_argmax(chunk, v):
     x[1, 2, :chunk] = -1.0  # the row's max only in later chunks
     got = argmax(x, chunk)
     assert got.shape == (3, 5) and torch.equal(got, x.argmax(-1))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_best_first_is_the_stable_sort_selection(compiled):
+    """The kept entries are a stable descending sort's first ``count``, in index order: scores drawn from a few
+    integers (ties everywhere) and some -inf (a sampled pool's draws outside q's support), eager and compiled."""
+    select = torch.compile(best_first, dynamic=False) if compiled else best_first
+    g = torch.Generator().manual_seed(7)
+    for b, m, count in [(1, 328, 47), (3, 40, 9), (2, 9, 9), (4, 100, 1)]:
+        scores = torch.randint(-4, 4, (b, m), generator=g).float()
+        scores[torch.rand(b, m, generator=g) < 0.1] = float("-inf")
+        want = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :count].sort(dim=1).values
+        assert torch.equal(select(scores, count), want)
