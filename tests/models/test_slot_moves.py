@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
+from eaglet.models import slot_moves
 from eaglet.models.slot_moves import HAS_TRITON, move_slots
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and HAS_TRITON else [])
+# Where the kernel itself runs: CUDA, or the CPU through Triton's interpreter (tests/conftest.py sets it there).
+KERNEL = "cuda" if "cuda" in DEVICES else ("cpu" if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" else None)
 
 
 def moved(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> list[torch.Tensor]:
@@ -40,6 +45,22 @@ def test_moves_equal_moving_cache_by_cache(device, dtype, shape, width, lens):
     src, dst = paths(shape[0], width, 9, lens, device)
     want = moved(caches, src, dst)
     move_slots(caches, src, dst)
+    assert all(torch.equal(c, w) for c, w in zip(caches, want))
+
+
+@pytest.mark.skipif(KERNEL is None, reason="needs CUDA and Triton, or Triton's interpreter")
+@pytest.mark.parametrize("dtype, shape, width, lens", [
+    (torch.float32, (2, 3, 64, 16), 5, [0, 20]),
+    (torch.float16, (1, 3, 128, 64), 7, [90]),
+    (torch.float32, (3, 1, 40, 72), 3, [1, 2, 30]),
+])
+def test_the_kernel_moves_what_the_loop_moves(dtype, shape, width, lens):
+    """The Triton kernel itself (the operator's CUDA branch), on whatever device Triton runs here."""
+    g = torch.Generator().manual_seed(2)
+    caches = [torch.randn(shape, generator=g).to(dtype).to(KERNEL) for _ in range(5)]
+    src, dst = paths(shape[0], width, 9, lens, KERNEL)
+    want = moved(caches, src, dst)
+    slot_moves._launch(caches, src, dst)
     assert all(torch.equal(c, w) for c, w in zip(caches, want))
 
 
