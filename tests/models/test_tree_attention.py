@@ -6,13 +6,18 @@ grouped-query heads, float32 and bfloat16, lens of 0 included.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from eaglet.kv_cache import AttnMeta
 from eaglet.models.attention import HAS_TRITON
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and Triton")
+# Where the kernel runs: CUDA, or the CPU through Triton's interpreter (tests/conftest.py sets it without a GPU).
+KERNEL = "cuda" if torch.cuda.is_available() and HAS_TRITON else (
+    "cpu" if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" else None)
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="needs CUDA and Triton, or Triton's interpreter")
 
 
 def reference(q, k_cache, v_cache, lens, extra):
@@ -40,14 +45,16 @@ def test_kernel_matches_dense_reference(dtype, tol, b, t, nq, nkv, d, e, lens, s
     from eaglet.models import tree_attention as module
     from eaglet.models.tree_attention import launch, tree_attention
 
+    if KERNEL == "cpu" and (dtype != torch.float32 or splits <= 0):
+        pytest.skip("the interpreter runs float32, and the operator is registered for CUDA")
     monkeypatch.setattr(module, "MAX_SPLITS", max(1, -splits))
 
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=KERNEL).manual_seed(0)
     s = 1024
-    q = torch.randn(b, t, nq, d, device="cuda", generator=g).to(dtype)
-    k_cache, v_cache = (torch.randn(b, nkv, s, d, device="cuda", generator=g).to(dtype) for _ in range(2))
-    lens = torch.tensor(lens, device="cuda")
-    extra = torch.rand(b, t, e, device="cuda", generator=g) < 0.5
+    q = torch.randn(b, t, nq, d, device=KERNEL, generator=g).to(dtype)
+    k_cache, v_cache = (torch.randn(b, nkv, s, d, device=KERNEL, generator=g).to(dtype) for _ in range(2))
+    lens = torch.tensor(lens, device=KERNEL)
+    extra = torch.rand(b, t, e, device=KERNEL, generator=g) < 0.5
     extra[:, torch.arange(t), torch.arange(t).clamp(max=e - 1)] = True  # every query sees at least itself
     out = tree_attention(q, k_cache, v_cache, lens, extra) if splits <= 0 else \
         launch(q, k_cache, v_cache, lens, extra, splits)
@@ -69,6 +76,7 @@ def test_auto_splits_spreads_only_launches_of_few_programs():
     assert auto_splits(1, 1, 9, 3, h200, 1) == 1  # splitting off
 
 
+@pytest.mark.skipif(KERNEL != "cuda", reason="the operator is registered for CUDA")
 def test_compiled_graph_calls_the_kernel_as_one_opaque_operator():
     """Under torch.compile the kernel is the operator ``eaglet::tree_attention`` (so a compiled graph names no
     process-local kernel index, which kept the persistent compile cache from hitting), with the eager result."""
