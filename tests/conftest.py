@@ -17,7 +17,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from eaglet.loading.hf import open_tensors, read_config  # noqa: E402
-from eaglet.loading.target import build_model
+from eaglet.loading.target import build_model  # noqa: E402
+from eaglet.models.slot_moves import HAS_TRITON  # noqa: E402
+
+# Where the Triton kernels' tests run: CUDA, the CPU through the interpreter, or nowhere (skipped).
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() and HAS_TRITON else (
+    "cpu" if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" else None)
 
 # Family -> (transformers config class name, model class name, family defaults).
 _FAMILIES = {

@@ -11,7 +11,6 @@ per query head.
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import nullcontext
 
 import torch
@@ -19,12 +18,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.models.slot_moves import HAS_TRITON
 
 # "auto": the Triton kernel on CUDA for short query blocks, else SDPA; "triton", "grouped"
 # or "sdpa" force one where it applies (benchmarks compare them).
 IMPL = "auto"
 GROUPED_MAX_QUERIES = 128
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 if HAS_TRITON and torch.cuda.is_available():
     # Registers the kernel's operator (eaglet::tree_attention) now, not first inside a traced forward.
     import eaglet.models.tree_attention  # noqa: F401

@@ -19,7 +19,7 @@ import importlib.util
 
 import torch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # for every kernel of eaglet
 # Each cache list's address table, by the caches' addresses: built on the first move (warm-up, before a graph's
 # capture, where no host-to-device copy may run). Never dropped: a captured graph keeps reading its table's memory.
 _TABLES: dict[tuple[int, ...], torch.Tensor] = {}

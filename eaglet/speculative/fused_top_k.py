@@ -12,12 +12,12 @@ proposal's are); sampled keys, which may be -inf, keep the torch path.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import torch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from eaglet.models.slot_moves import HAS_TRITON
+
 # Off until timed on a GPU (written and checked through Triton's interpreter only): EAGLET_FUSED_TOP_K=1 turns it on.
 ENABLED = os.environ.get("EAGLET_FUSED_TOP_K", "0") == "1"
 CHUNK = 1024  # logits a first-stage program reads: 24 programs a row over SmolLM2's 24,576-token draft vocabulary

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 from eaglet.models import slot_moves
-from eaglet.models.slot_moves import HAS_TRITON, move_slots
+from eaglet.models.slot_moves import move_slots
+from tests.conftest import TRITON_DEVICE
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and HAS_TRITON else [])
-# Where the kernel itself runs: CUDA, or the CPU through Triton's interpreter (tests/conftest.py sets it there).
-KERNEL = "cuda" if "cuda" in DEVICES else ("cpu" if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" else None)
+KERNEL = TRITON_DEVICE  # where the kernel itself runs
+DEVICES = ["cpu"] + (["cuda"] if KERNEL == "cuda" else [])  # where the operator runs: its loop, or the kernel
 
 
 def moved(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> list[torch.Tensor]:

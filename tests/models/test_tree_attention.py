@@ -6,17 +6,13 @@ grouped-query heads, float32 and bfloat16, lens of 0 included.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from eaglet.kv_cache import AttnMeta
-from eaglet.models.attention import HAS_TRITON
+from tests.conftest import TRITON_DEVICE
 
-# Where the kernel runs: CUDA, or the CPU through Triton's interpreter (tests/conftest.py sets it without a GPU).
-KERNEL = "cuda" if torch.cuda.is_available() and HAS_TRITON else (
-    "cpu" if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" else None)
+KERNEL = TRITON_DEVICE
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="needs CUDA and Triton, or Triton's interpreter")
 
 

@@ -6,20 +6,16 @@ which is how it was first checked on a machine without a GPU.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from eaglet.sampling import SamplingParams
 from eaglet.speculative import fused_top_k
 from eaglet.speculative.tree import propose
+from tests.conftest import TRITON_DEVICE
 
-if torch.cuda.is_available() and fused_top_k.HAS_TRITON:
-    DEVICE = "cuda"
-elif os.environ.get("TRITON_INTERPRET") == "1" and fused_top_k.HAS_TRITON:
-    DEVICE = "cpu"
-else:
+DEVICE = TRITON_DEVICE
+if DEVICE is None:
     pytestmark = pytest.mark.skip(reason="needs CUDA and Triton (or Triton's interpreter)")
 
 
