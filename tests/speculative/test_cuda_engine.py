@@ -51,3 +51,24 @@ def test_graphed_sampling_runs(cuda_pair):
     b = eng.generate(prompts_of([5, 9]), params)
     assert [o.tokens for o in a] == [o.tokens for o in b], "a seed must fix the output under graphs"
     assert all(len(o.tokens) == 30 for o in a)
+
+
+def test_graphed_greedy_with_the_fused_top_k_identical_to_plain(tmp_path, monkeypatch):
+    """The greedy proposal through ``eaglet::top_k_lse`` inside the captured iteration: a vocabulary of 2,048 (over
+    the operator's 1,024-logit chunk, so the fused path is taken) and a tree of top 3."""
+    from eaglet.speculative import fused_top_k
+
+    monkeypatch.setattr(fused_top_k, "ENABLED", True)
+    target = repeat_prone(tiny_target(tmp_path, vocab=2048, hidden_size=128, intermediate_size=256,
+                                      num_attention_heads=2, num_key_value_heads=1))
+    draft = echo_draft(target)
+    target.model.to("cuda")
+    draft.to("cuda")
+    assert fused_top_k.usable(torch.zeros(1, 2048, device="cuda"), 3)
+    prompts = prompts_of([7, 12, 3, 9], vocab=2048)
+    params = SamplingParams(max_new_tokens=48)
+    plain = PlainGenerator(target, CONTEXT).generate(prompts, params)
+    eng = SpecEngine(target, draft, CONTEXT, 4, 3, 12, adaptive=False, log=lambda _: None)
+    out = eng.generate(prompts, params)
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+    assert max(a for o in out for a in o.accept_lengths) >= 3, "the echo draft should be accepted"
