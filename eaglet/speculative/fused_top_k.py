@@ -18,8 +18,8 @@ import torch
 
 from eaglet.models.slot_moves import HAS_TRITON
 
-# Off until timed on a GPU (written and checked through Triton's interpreter only): EAGLET_FUSED_TOP_K=1 turns it on.
-ENABLED = os.environ.get("EAGLET_FUSED_TOP_K", "0") == "1"
+# On by default since the H200 timed it (6,8,48 iteration 1.538 -> 1.385 ms); EAGLET_FUSED_TOP_K=0 turns it off.
+ENABLED = os.environ.get("EAGLET_FUSED_TOP_K", "1") == "1"
 CHUNK = 1024  # logits a first-stage program reads: 24 programs a row over SmolLM2's 24,576-token draft vocabulary
 MAX_K = 32  # the rounds of max are unrolled
 
