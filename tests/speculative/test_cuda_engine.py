@@ -20,13 +20,17 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CONTEXT = 160
 
 
-@pytest.fixture(scope="module")
-def cuda_pair(tmp_path_factory):
-    target = repeat_prone(tiny_target(tmp_path_factory.mktemp("cuda"), hidden_size=128, intermediate_size=256,
+def _pair(path, vocab: int = 64):
+    target = repeat_prone(tiny_target(path, vocab=vocab, hidden_size=128, intermediate_size=256,
                                       num_attention_heads=2, num_key_value_heads=1))
     draft = echo_draft(target)
     target.model.to("cuda")
     return target, draft.to("cuda")
+
+
+@pytest.fixture(scope="module")
+def cuda_pair(tmp_path_factory):
+    return _pair(tmp_path_factory.mktemp("cuda"))
 
 
 @pytest.mark.parametrize("tree", [(4, 1, 5), (4, 3, 12)])
@@ -59,11 +63,7 @@ def test_graphed_greedy_with_the_fused_top_k_identical_to_plain(tmp_path, monkey
     from eaglet.speculative import fused_top_k
 
     monkeypatch.setattr(fused_top_k, "ENABLED", True)
-    target = repeat_prone(tiny_target(tmp_path, vocab=2048, hidden_size=128, intermediate_size=256,
-                                      num_attention_heads=2, num_key_value_heads=1))
-    draft = echo_draft(target)
-    target.model.to("cuda")
-    draft.to("cuda")
+    target, draft = _pair(tmp_path, vocab=2048)
     assert fused_top_k.usable(torch.zeros(1, 2048, device="cuda"), 3)
     prompts = prompts_of([7, 12, 3, 9], vocab=2048)
     params = SamplingParams(max_new_tokens=48)

@@ -43,7 +43,7 @@ def test_ties_go_to_the_lower_id():
     assert ids.tolist() == [[5, 1500, 0, 1]] * 2 and values.tolist() == [[1.0, 1.0, 0.0, 0.0]] * 2
 
 
-def test_propose_takes_the_fused_path_with_the_same_proposals():
+def test_propose_takes_the_fused_path_with_the_same_proposals(monkeypatch):
     """The greedy proposal through the operator: the tokens and increments of the torch path (no ties in float32
     draws), with the fused path switched off for the reference."""
     if DEVICE != "cuda":
@@ -51,15 +51,11 @@ def test_propose_takes_the_fused_path_with_the_same_proposals():
     g = torch.Generator(device="cuda").manual_seed(3)
     logits = torch.randn(2, 8, 24576, device="cuda", generator=g)
     greedy = SamplingParams(temperature=0.0)
-    saved = fused_top_k.ENABLED
-    try:
-        fused_top_k.ENABLED = True
-        assert fused_top_k.usable(logits, 8)
-        ids, inc, _ = propose(logits, 8, greedy, None)
-        fused_top_k.ENABLED = False
-        want_ids, want_inc, _ = propose(logits, 8, greedy, None)
-    finally:
-        fused_top_k.ENABLED = saved
+    monkeypatch.setattr(fused_top_k, "ENABLED", True)
+    assert fused_top_k.usable(logits, 8)
+    ids, inc, _ = propose(logits, 8, greedy, None)
+    monkeypatch.setattr(fused_top_k, "ENABLED", False)
+    want_ids, want_inc, _ = propose(logits, 8, greedy, None)
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(inc, want_inc, rtol=0, atol=1e-5)
 
