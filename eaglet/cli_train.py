@@ -138,8 +138,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
     t.add_argument("--recipe", choices=sorted(options.RECIPES), default=None,
                    help="with --regenerate: set the data and training flags to a named recipe where not given; "
-                        "'chat' is the command that made the shipped SmolLM2 draft (--answers greedy,0.7 "
-                        "--max-samples 16000 --self-prompts 10000 --self-prompt-openers 0.5 --max-new-tokens 256 "
+                        "'chat' is the command that made the shipped SmolLM2 draft (--answers greedy,0.7,1.0 "
+                        "--max-samples 16000 --self-prompts 20000 --self-prompt-openers 0.5 --max-new-tokens 256 "
                         "--epochs 6; docs/training.md)")
     _add_regen_options(t, "--regen-batch-size")
     t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,

@@ -303,10 +303,12 @@ class EndpointBenchConfig:
 
 
 # `train --recipe NAME`: the flags a recipe sets where the command line does not. "chat": the one command
-# that made the shipped SmolLM2 draft (docs/training.md, session 13), for instruction-tuned targets (the
-# Magpie prompts need a chat template); --time-budget-min and the batch sizes stay the user's.
+# that made the shipped SmolLM2 draft (docs/training.md, session 27, with --time-budget-min 17), for
+# instruction-tuned targets (the Magpie prompts need a chat template); --time-budget-min and the batch sizes stay
+# the user's. Under a budget the greedy answers come first; the sampled ones (0.7 and 1.0 shuffled together)
+# are cut where the time runs out.
 RECIPES: dict[str, dict[str, object]] = {
-    "chat": {"answers": (0.0, 0.7), "max_samples": 16000, "self_prompts": 10000, "self_prompt_openers": 0.5,
+    "chat": {"answers": (0.0, 0.7, 1.0), "max_samples": 16000, "self_prompts": 20000, "self_prompt_openers": 0.5,
              "follow_ups": 0.0, "max_new_tokens": 256, "epochs": 6},
 }
 REGEN_CONCURRENCY = 32  # data regenerate --endpoint: requests in flight unless --concurrency says

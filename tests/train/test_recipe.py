@@ -220,11 +220,11 @@ def test_a_named_recipe_sets_what_the_command_line_leaves_out(tmp_path, monkeypa
     assert main(base) == 0
     regen, cfg = seen[-1].regen, seen[-1].train
     assert (regen.answers, regen.max_samples, regen.self_prompts, regen.self_prompt_openers, regen.follow_ups,
-            regen.max_new_tokens, cfg.epochs) == ((0.0, 0.7), 16000, 10000, 0.5, 0.0, 256, 6)
+            regen.max_new_tokens, cfg.epochs) == ((0.0, 0.7, 1.0), 16000, 20000, 0.5, 0.0, 256, 6)
     # A flag given wins, also abbreviated or at the default's own value.
     assert main([*base, "--epoch", "1", "--max-new-tokens=128", "--answers", "greedy"]) == 0
     regen, cfg = seen[-1].regen, seen[-1].train
-    assert (cfg.epochs, regen.max_new_tokens, regen.answers, regen.self_prompts) == (1, 128, (0.0,), 10000)
+    assert (cfg.epochs, regen.max_new_tokens, regen.answers, regen.self_prompts) == (1, 128, (0.0,), 20000)
     # Without --regenerate it has nothing to set the data of: one sentence, exit 2, nothing run.
     assert main([*base[:5], "--recipe", "chat"]) == 2 and len(seen) == 2
     assert "--recipe chat sets the data --regenerate writes" in capsys.readouterr().err
