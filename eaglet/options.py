@@ -302,11 +302,9 @@ class EndpointBenchConfig:
             raise EagletError("--endpoint needs --concurrency N or --request-rate R (or both)")
 
 
-# `train --recipe NAME`: the flags a recipe sets where the command line does not. "chat": the one command
-# that made the shipped SmolLM2 draft (docs/training.md, session 27, with --time-budget-min 17), for
-# instruction-tuned targets (the Magpie prompts need a chat template); --time-budget-min and the batch sizes stay
-# the user's. Under a budget the greedy answers come first; the sampled ones (0.7 and 1.0 shuffled together)
-# are cut where the time runs out.
+# `train --recipe NAME`: the flags a recipe sets where the command line does not. "chat": the command that made
+# the shipped SmolLM2 draft (docs/training.md, session 27, --time-budget-min 17), for chat targets (the Magpie
+# prompts need a chat template); the budget and batch sizes stay the user's; a budget cuts the sampled answers.
 RECIPES: dict[str, dict[str, object]] = {
     "chat": {"answers": (0.0, 0.7, 1.0), "max_samples": 16000, "self_prompts": 20000, "self_prompt_openers": 0.5,
              "follow_ups": 0.0, "max_new_tokens": 256, "epochs": 6},
