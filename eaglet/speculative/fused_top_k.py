@@ -96,15 +96,18 @@ if HAS_TRITON:
             _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, r, K, NP, CP)
             tl.atomic_xchg(Count + r, 0)  # zeroed for the next launch (a captured graph replays this buffer)
 
-# Per device, the one-launch kernel's row counters: all zero between launches, grown (never shrunk) as rows need.
-_counts: dict[torch.device, torch.Tensor] = {}
+
+# Per device, the one-launch kernel's row counters, all zero between launches; the last is the largest. Never
+# dropped when a larger one is needed: a captured graph keeps reading the counters it was captured with.
+_counts: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _row_counts(dev: torch.device, rows: int) -> torch.Tensor:
-    c = _counts.get(dev)
-    if c is None or c.numel() < rows:
-        c = _counts[dev] = torch.zeros(max(rows, 1024), dtype=torch.int32, device=dev)
-    return c
+    have = _counts.setdefault(dev, [])
+    if not have or have[-1].numel() < rows:
+        have.append(torch.zeros(max(rows, 1024), dtype=torch.int32, device=dev))
+    return have[-1]
+
 
 def usable(x: torch.Tensor, k: int) -> bool:
     """Whether ``top_k_lse`` serves logits ``x`` [..., V] and ``k`` (else the torch path)."""
