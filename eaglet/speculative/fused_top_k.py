@@ -56,19 +56,19 @@ if HAS_TRITON:
 
     @triton.jit
     def _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, r, K: tl.constexpr, NP: tl.constexpr,
-               CP: tl.constexpr):
-        """Row r's chunks from the scratch -> its top K and log-sum-exp. Loads bypass L1 (.cg): in the one-launch
-        kernel other programs wrote the scratch."""
+               CP: tl.constexpr, CM: tl.constexpr):
+        """Row r's chunks from the scratch -> its top K and log-sum-exp. CM: the loads' cache modifier; ".cg" (past
+        L1) in the one-launch kernel, where programs on other SMs wrote the scratch."""
         cc = tl.arange(0, NP)
         ok = cc < NCH
-        m = tl.load(Maxes + r * NCH + cc, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        s = tl.load(Sums + r * NCH + cc, mask=ok, other=0.0, cache_modifier=".cg")
+        m = tl.load(Maxes + r * NCH + cc, mask=ok, other=float("-inf"), cache_modifier=CM)
+        s = tl.load(Sums + r * NCH + cc, mask=ok, other=0.0, cache_modifier=CM)
         top = tl.max(m, axis=0)
         tl.store(OutLse + r, top + tl.log(tl.sum(s * tl.exp(m - top), axis=0)))
         pos = tl.arange(0, CP)  # candidates in chunk order, each chunk's best first: a lower position, a lower id
         has = pos < NCH * K
-        v = tl.load(Vals + r * NCH * K + pos, mask=has, other=float("-inf"), cache_modifier=".cg")
-        ids = tl.load(Ids + r * NCH * K + pos, mask=has, other=0, cache_modifier=".cg")
+        v = tl.load(Vals + r * NCH * K + pos, mask=has, other=float("-inf"), cache_modifier=CM)
+        ids = tl.load(Ids + r * NCH * K + pos, mask=has, other=0, cache_modifier=CM)
         for j in tl.static_range(K):
             best = tl.max(v, axis=0)
             p = tl.min(tl.where((v == best) & has, pos, 2147483647), axis=0)
@@ -84,7 +84,7 @@ if HAS_TRITON:
     @triton.jit
     def _merge_top_k(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, K: tl.constexpr, NP: tl.constexpr,
                      CP: tl.constexpr):
-        _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, tl.program_id(0), K, NP, CP)
+        _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, tl.program_id(0), K, NP, CP, "")
 
     @triton.jit
     def _top_k_one_launch(X, Vals, Ids, Maxes, Sums, Count, OutVals, OutIds, OutLse, V, sx, NCH, K: tl.constexpr,
@@ -93,7 +93,7 @@ if HAS_TRITON:
         _chunk(X, Vals, Ids, Maxes, Sums, V, sx, NCH, r, tl.program_id(1), K, KP, CHUNK)
         tl.debug_barrier()  # every thread's stores issued before the program counts itself in
         if tl.atomic_add(Count + r, 1, sem="acq_rel") == NCH - 1:  # the row's last program: the others' stores seen
-            _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, r, K, NP, CP)
+            _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, r, K, NP, CP, ".cg")
             tl.atomic_xchg(Count + r, 0)  # zeroed for the next launch (a captured graph replays this buffer)
 
 
