@@ -8,11 +8,6 @@ launch gives each (row, chunk of CHUNK logits) program its chunk's top k (k roun
 the first index of the maximum) and the chunk's max and sum of exponentials; the second merges a row's
 candidates and sums the same way. Ties go to the lower index. Logits must be finite (a greedy
 proposal's are); sampled keys, which may be -inf, keep the torch path.
-
-One launch instead of two (``EAGLET_TOP_K_ONE_LAUNCH=1``, off until an H200 times it): each first-stage
-program counts itself in on a per-row counter after its stores, and the row's last one merges (the
-semaphore pattern of split-K GEMMs), then zeroes the counter for the next launch; a 6,8,48 iteration
-makes six proposals, so that is six launches fewer.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from eaglet.models.slot_moves import HAS_TRITON
 
 # On by default since the H200 timed it (6,8,48 iteration 1.538 -> 1.385 ms); EAGLET_FUSED_TOP_K=0 turns it off.
 ENABLED = os.environ.get("EAGLET_FUSED_TOP_K", "1") == "1"
-ONE_LAUNCH = os.environ.get("EAGLET_TOP_K_ONE_LAUNCH", "0") == "1"
 CHUNK = 1024  # logits a first-stage program reads: 24 programs a row over SmolLM2's 24,576-token draft vocabulary
 MAX_K = 32  # the rounds of max are unrolled
 
@@ -34,8 +28,9 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _chunk(X, Vals, Ids, Maxes, Sums, V, sx, NCH, r, c, K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
-        """Chunk c of row r: its top K (values, ids) and its max and sum of exponentials, to the scratch."""
+    def _chunk_top_k(X, Vals, Ids, Maxes, Sums, V, sx, NCH, K: tl.constexpr, KP: tl.constexpr,
+                     CHUNK: tl.constexpr):
+        r, c = tl.program_id(0), tl.program_id(1)
         offs = c * CHUNK + tl.arange(0, CHUNK)
         x = tl.load(X + r * sx + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
@@ -55,58 +50,25 @@ if HAS_TRITON:
         tl.store(Ids + out, ids, mask=kk < K)
 
     @triton.jit
-    def _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, r, K: tl.constexpr, NP: tl.constexpr,
-               CP: tl.constexpr, CM: tl.constexpr):
-        """Row r's chunks from the scratch -> its top K and log-sum-exp. CM: the loads' cache modifier; ".cg" (past
-        L1) in the one-launch kernel, where programs on other SMs wrote the scratch."""
+    def _merge_top_k(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, K: tl.constexpr, NP: tl.constexpr,
+                     CP: tl.constexpr):
+        r = tl.program_id(0)
         cc = tl.arange(0, NP)
         ok = cc < NCH
-        m = tl.load(Maxes + r * NCH + cc, mask=ok, other=float("-inf"), cache_modifier=CM)
-        s = tl.load(Sums + r * NCH + cc, mask=ok, other=0.0, cache_modifier=CM)
+        m = tl.load(Maxes + r * NCH + cc, mask=ok, other=float("-inf"))
+        s = tl.load(Sums + r * NCH + cc, mask=ok, other=0.0)
         top = tl.max(m, axis=0)
         tl.store(OutLse + r, top + tl.log(tl.sum(s * tl.exp(m - top), axis=0)))
         pos = tl.arange(0, CP)  # candidates in chunk order, each chunk's best first: a lower position, a lower id
         has = pos < NCH * K
-        v = tl.load(Vals + r * NCH * K + pos, mask=has, other=float("-inf"), cache_modifier=CM)
-        ids = tl.load(Ids + r * NCH * K + pos, mask=has, other=0, cache_modifier=CM)
+        v = tl.load(Vals + r * NCH * K + pos, mask=has, other=float("-inf"))
+        ids = tl.load(Ids + r * NCH * K + pos, mask=has, other=0)
         for j in tl.static_range(K):
             best = tl.max(v, axis=0)
             p = tl.min(tl.where((v == best) & has, pos, 2147483647), axis=0)
             tl.store(OutVals + r * K + j, best)
             tl.store(OutIds + r * K + j, tl.sum(tl.where(pos == p, ids, 0), axis=0).to(tl.int64))
             v = tl.where(pos == p, float("-inf"), v)
-
-    @triton.jit
-    def _chunk_top_k(X, Vals, Ids, Maxes, Sums, V, sx, NCH, K: tl.constexpr, KP: tl.constexpr,
-                     CHUNK: tl.constexpr):
-        _chunk(X, Vals, Ids, Maxes, Sums, V, sx, NCH, tl.program_id(0), tl.program_id(1), K, KP, CHUNK)
-
-    @triton.jit
-    def _merge_top_k(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, K: tl.constexpr, NP: tl.constexpr,
-                     CP: tl.constexpr):
-        _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, tl.program_id(0), K, NP, CP, "")
-
-    @triton.jit
-    def _top_k_one_launch(X, Vals, Ids, Maxes, Sums, Count, OutVals, OutIds, OutLse, V, sx, NCH, K: tl.constexpr,
-                          KP: tl.constexpr, CHUNK: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr):
-        r = tl.program_id(0)
-        _chunk(X, Vals, Ids, Maxes, Sums, V, sx, NCH, r, tl.program_id(1), K, KP, CHUNK)
-        tl.debug_barrier()  # every thread's stores issued before the program counts itself in
-        if tl.atomic_add(Count + r, 1, sem="acq_rel") == NCH - 1:  # the row's last program: the others' stores seen
-            _merge(Vals, Ids, Maxes, Sums, OutVals, OutIds, OutLse, NCH, r, K, NP, CP, ".cg")
-            tl.atomic_xchg(Count + r, 0)  # zeroed for the next launch (a captured graph replays this buffer)
-
-
-# Per device, the one-launch kernel's row counters, all zero between launches; the last is the largest. Never
-# dropped when a larger one is needed: a captured graph keeps reading the counters it was captured with.
-_counts: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _row_counts(dev: torch.device, rows: int) -> torch.Tensor:
-    have = _counts.setdefault(dev, [])
-    if not have or have[-1].numel() < rows:
-        have.append(torch.zeros(max(rows, 1024), dtype=torch.int32, device=dev))
-    return have[-1]
 
 
 def usable(x: torch.Tensor, k: int) -> bool:
@@ -124,16 +86,13 @@ def launch(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
     ids = torch.empty(r, nch, k, dtype=torch.int32, device=dev)
     maxes = torch.empty(r, nch, dtype=torch.float32, device=dev)
     sums = torch.empty(r, nch, dtype=torch.float32, device=dev)
+    _chunk_top_k[(r, nch)](x, vals, ids, maxes, sums, v, x.stride(0), nch, K=k, KP=triton.next_power_of_2(k),
+                           CHUNK=CHUNK)
     out_vals = torch.empty(r, k, dtype=torch.float32, device=dev)
     out_ids = torch.empty(r, k, dtype=torch.int64, device=dev)
     lse = torch.empty(r, dtype=torch.float32, device=dev)
-    kp, np_, cp = triton.next_power_of_2(k), triton.next_power_of_2(nch), triton.next_power_of_2(nch * k)
-    if ONE_LAUNCH:
-        _top_k_one_launch[(r, nch)](x, vals, ids, maxes, sums, _row_counts(dev, r), out_vals, out_ids, lse, v,
-                                    x.stride(0), nch, K=k, KP=kp, CHUNK=CHUNK, NP=np_, CP=cp)
-    else:
-        _chunk_top_k[(r, nch)](x, vals, ids, maxes, sums, v, x.stride(0), nch, K=k, KP=kp, CHUNK=CHUNK)
-        _merge_top_k[(r,)](vals, ids, maxes, sums, out_vals, out_ids, lse, nch, K=k, NP=np_, CP=cp)
+    _merge_top_k[(r,)](vals, ids, maxes, sums, out_vals, out_ids, lse, nch, K=k, NP=triton.next_power_of_2(nch),
+                       CP=triton.next_power_of_2(nch * k))
     return out_vals, out_ids, lse
 
 

@@ -57,15 +57,12 @@ def test_graphed_sampling_runs(cuda_pair):
     assert all(len(o.tokens) == 30 for o in a)
 
 
-@pytest.mark.parametrize("one_launch", [False, True], ids=["two-launches", "one-launch"])
-def test_graphed_greedy_with_the_fused_top_k_identical_to_plain(tmp_path, monkeypatch, one_launch):
+def test_graphed_greedy_with_the_fused_top_k_identical_to_plain(tmp_path, monkeypatch):
     """The greedy proposal through ``eaglet::top_k_lse`` inside the captured iteration: a vocabulary of 2,048 (over
-    the operator's 1,024-logit chunk, so the fused path is taken) and a tree of top 3; with one launch too, its
-    row counters replayed by the graph."""
+    the operator's 1,024-logit chunk, so the fused path is taken) and a tree of top 3."""
     from eaglet.speculative import fused_top_k
 
     monkeypatch.setattr(fused_top_k, "ENABLED", True)
-    monkeypatch.setattr(fused_top_k, "ONE_LAUNCH", one_launch)
     target, draft = _pair(tmp_path, vocab=2048)
     assert fused_top_k.usable(torch.zeros(1, 2048, device="cuda"), 3)
     prompts = prompts_of([7, 12, 3, 9], vocab=2048)

@@ -19,43 +19,28 @@ if DEVICE is None:
     pytestmark = pytest.mark.skip(reason="needs CUDA and Triton (or Triton's interpreter)")
 
 
-@pytest.fixture(params=[False, True], ids=["two-launches", "one-launch"])
-def one_launch(request, monkeypatch):
-    monkeypatch.setattr(fused_top_k, "ONE_LAUNCH", request.param)
-    return request.param
-
-
-def _counters_zero(one_launch: bool) -> bool:
-    """The one-launch kernel (which made counters if it ran) leaves every row counter at zero for the next launch."""
-    counts = [c for have in fused_top_k._counts.values() for c in have]
-    return bool(counts or not one_launch) and all(int(c.abs().sum()) == 0 for c in counts)
-
-
 @pytest.mark.parametrize("rows, vocab, k, dtype", [
     (8, 24576, 8, torch.bfloat16),  # a 6,8,48 growth step over SmolLM2's draft vocabulary
     (1, 3000, 8, torch.float32),  # a last chunk of 952
     (3, 2100, 5, torch.bfloat16),  # k not a power of two
     (2, 49152, 16, torch.float32),
 ])
-def test_top_k_and_log_sum_exp_equal_torch(rows, vocab, k, dtype, one_launch):
+def test_top_k_and_log_sum_exp_equal_torch(rows, vocab, k, dtype):
     g = torch.Generator().manual_seed(rows * vocab + k)
     x = (torch.randn(rows, vocab, generator=g) * 3).to(dtype).to(DEVICE)
-    for y in (x, x.flip(-1)):  # twice: the second launch finds the counters the first one left
-        values, ids, lse = fused_top_k.launch(y, k)
-        yf = y.float()
-        assert torch.equal(values, yf.topk(k, dim=-1).values)
-        assert torch.equal(yf.gather(1, ids), values)
-        assert all(len(set(row.tolist())) == k for row in ids.cpu())
-        torch.testing.assert_close(lse, torch.logsumexp(yf, dim=-1), rtol=0, atol=1e-5)
-    assert _counters_zero(one_launch)
+    values, ids, lse = fused_top_k.launch(x, k)
+    xf = x.float()
+    assert torch.equal(values, xf.topk(k, dim=-1).values)
+    assert torch.equal(xf.gather(1, ids), values)
+    assert all(len(set(row.tolist())) == k for row in ids.cpu())
+    torch.testing.assert_close(lse, torch.logsumexp(xf, dim=-1), rtol=0, atol=1e-5)
 
 
-def test_ties_go_to_the_lower_id(one_launch):
+def test_ties_go_to_the_lower_id():
     x = torch.zeros(2, 2048, device=DEVICE)
     x[:, [5, 1500]] = 1.0
     values, ids, _ = fused_top_k.launch(x, 4)
     assert ids.tolist() == [[5, 1500, 0, 1]] * 2 and values.tolist() == [[1.0, 1.0, 0.0, 0.0]] * 2
-    assert _counters_zero(one_launch)
 
 
 def test_propose_takes_the_fused_path_with_the_same_proposals(monkeypatch):
