@@ -25,11 +25,17 @@ max_new=${MAX_NEW:-256}
 port=${PORT:-8123}
 mkdir -p "$out"
 
-up() {
-  python3 - "$port" <<'EOF'
+up() {  # $1: the server's pid; fails at once when the server exits (a missing module, a bad flag)
+  python3 - "$port" "$1" <<'EOF'
 import sys, time, httpx
+from pathlib import Path
+def alive(pid):
+    try:  # a server that exited may linger unreaped as a zombie: state Z
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 deadline = time.monotonic() + 1200
-while time.monotonic() < deadline:
+while time.monotonic() < deadline and alive(sys.argv[2]):
     try:
         if httpx.get(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).status_code == 200:
             sys.exit(0)
@@ -46,8 +52,8 @@ for draft in ${DRAFTS-default none}; do
   ${SERVE:-python3 -m eaglet.cli serve} --target "$target" --draft "$draft" --port "$port" --batch-sizes "${SIZES:-1,16,64}" \
     --warm-up ${SERVE_ARGS:-} >"$out/serve-$draft.log" 2>&1 &
   server=$!
-  if ! up; then
-    echo "the server did not come up"; tail -n 20 "$out/serve-$draft.log"; kill "$server"; exit 1
+  if ! up "$server"; then
+    echo "the server did not come up"; tail -n 20 "$out/serve-$draft.log"; kill "$server" 2>/dev/null; exit 1
   fi
   grep "ready\|serving" "$out/serve-$draft.log"
   for c in ${LEVELS:-1 16 64}; do

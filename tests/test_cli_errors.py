@@ -124,3 +124,15 @@ def test_an_answer_cut_by_max_context_says_so(capsys, model_dir):
     out = json.loads(captured.out.strip().splitlines()[-1])
     assert out["finish_reason"] == "length" and out["prompt_tokens"] + out["completion_tokens"] <= 24
     assert "filled the 24-token context; raise --max-context" in captured.err
+
+
+def test_serve_without_its_http_stack_says_so_before_loading(capsys, model_dir, monkeypatch):
+    import importlib.util
+
+    import eaglet.serve.server as server
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    monkeypatch.setattr(server, "load_engine", lambda *a, **k: pytest.fail("loaded before checking the packages"))
+    msg = _error(capsys, ["serve", "--target", str(model_dir), "--draft", "none"])
+    assert "eaglet serve needs uvicorn" in msg

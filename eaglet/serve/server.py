@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from eaglet.errors import EagletError
 from eaglet.options import DEFAULT_MAX_BATCH, ServeConfig
 from eaglet.parallel.control import ControlChannel
 from eaglet.parallel.launch import rank_device, run_tp, under_torchrun
@@ -116,6 +117,7 @@ def _build(engine, cfg: ServeConfig, tp: TPGroup) -> None:
 
 def serve(cfg: ServeConfig) -> int:
     """The whole command: at tp=1 here; above, on ranks started here (or by torchrun)."""
+    check_server_packages()
     if cfg.tp == 1 and not under_torchrun():
         engine = load_engine(cfg)
         warm_up(engine, cfg)
@@ -139,6 +141,16 @@ def serve_rank(tp: TPGroup, cfg: ServeConfig) -> int:
         return run_server(leader, cfg)
     finally:
         leader.stop()
+
+
+def check_server_packages() -> None:
+    """Before the minutes of loading and warming up: the HTTP stack is importable, else one sentence."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EagletError(f"eaglet serve needs {', '.join(missing)}, which eaglet's installation brings; this "
+                          "Python lacks it: install eaglet again (pip install -e . in its checkout)")
 
 
 def run_server(engine, cfg: ServeConfig) -> int:
