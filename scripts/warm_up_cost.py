@@ -1,0 +1,104 @@
+"""Where a cold server's warm-up goes: each prefill graph of the target and the draft, timed.
+
+    PYTHONPATH=. python scripts/warm_up_cost.py --device cuda [--compile-prefill]   # H200: a table, a profile
+    PYTHONPATH=. python scripts/warm_up_cost.py --device cpu --max-length 32 --rows 2   # smoke test
+
+On a fresh H200 `eaglet serve` printed "prefills ready (108.0 s)" before its batch-1 step compiled, and
+`bench` spent 33-94 s a method on its shape pass: each new (rows, length) prefill graph is built on first
+use. This runs the server's prefill warm-up (`serve.server.warm_prefills`: the graph of every length and
+every power of two of rows up to ``--rows``, target then draft, then eager prefills at the Triton kernel's
+lengths) with random SmolLM2-shaped weights and a random draft, in a process whose Triton and inductor
+caches start empty, timing every graph and counting the Triton cache files written for it; then the
+costliest functions of the whole warm-up by cumulative time (cProfile). ``--compile-prefill`` fuses each
+bucket first, as `bench` and `serve` do by default on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--draft-vocab", type=int, default=24576)
+    ap.add_argument("--max-length", type=int, default=4096, help="the engine's context (longest bucket)")
+    ap.add_argument("--rows", type=int, default=64, help="the server's largest batch: graphs of every power of two")
+    ap.add_argument("--compile-prefill", action="store_true",
+                    help="fuse each bucket with torch.compile before capture (bench's and serve's default on CUDA)")
+    ap.add_argument("--top", type=int, default=25, help="functions of the profile to print")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp()
+    os.environ["TRITON_CACHE_DIR"] = triton_dir = f"{tmp}/triton"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{tmp}/inductor"
+    import cProfile
+    import pstats
+
+    import torch
+
+    from eaglet.capture import CaptureSpec
+    from eaglet.draft.model import DraftConfig, Eagle3Draft
+    from eaglet.serve.server import PREFILL_LENGTHS
+    from eaglet.speculative import SpecEngine
+    from scripts.bench_decode import random_target
+
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    target = random_target("smollm2-135m", dtype, a.device)
+    cfg = target.config
+    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), a.draft_vocab))
+    draft = draft.to(a.device, dtype).eval().requires_grad_(False).fuse_projections()
+    draft.set_vocab(torch.arange(a.draft_vocab, device=a.device))
+    eng = SpecEngine(target, draft, a.max_length, adaptive=False, bucketed_prefill=True,
+                     compile_prefill=a.compile_prefill, log=lambda _: None)
+
+    def kernels() -> int:
+        return sum(len(files) for _, _, files in os.walk(triton_dir))
+
+    rows = []
+
+    def timed(what: str, fn) -> None:
+        k0 = kernels()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        rows.append((what, time.perf_counter() - t0, kernels() - k0))
+
+    def captures() -> None:
+        for name, graphs in (("target", eng.prefills), ("draft", eng.draft_prefills)):
+            for rows in (1 << i for i in range(a.rows.bit_length())):  # as warm_prefills(engine, a.rows)
+                for length in graphs.lengths:
+                    if graphs.bucket(rows, length):
+                        timed(f"{name} {rows}x{length}", lambda g=graphs, r=rows, n=length: g._step(r, n))
+
+    def eager() -> None:
+        from eaglet.generate import prefill
+
+        cache = target.model.new_cache(1, max(PREFILL_LENGTHS) + 1)
+        for n in PREFILL_LENGTHS:
+            cache.reset()
+            timed(f"eager prefill {n}", lambda n=n: prefill(target, cache, [[0] * n]))
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        prof.runcall(captures)
+        prof.runcall(eager)
+        cold = time.perf_counter() - t0
+    print(f"{'what':<22}{'s':>8}{'files':>7}")
+    for what, s, k in rows:
+        print(f"{what:<22}{s:>8.2f}{k:>7}")
+    for name in ("target", "draft", "eager"):
+        mine = [r for r in rows if r[0].startswith(name)]
+        print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files")
+    print(f"cold warm-up in all: {cold:.1f} s; the costliest functions (cumulative):")
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(a.top)
+
+
+if __name__ == "__main__":
+    main()
