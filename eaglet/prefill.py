@@ -45,6 +45,21 @@ def token_cap(params: int) -> int:
     return max(LENGTHS[0], min(MAX_TOKENS, 1 << (cap.bit_length() - 1)))
 
 
+def _length_symbolic(fused: Forward) -> Forward:
+    """``fused`` with each bucket's length dimension (ids [R, L], extras [R, L, ...]) symbolic from the first call.
+    Left to torch's automatic dynamic shapes the first bucket compiles with static shapes and the second compiles
+    again with the length symbolic: one compile more for every model that prefills (a fresh H200's server took 108 s
+    to warm its fused prefills, session 28, where the unfused graphs took 32 s). The rows stay automatic: one row is
+    a shape of its own either way (torch specializes sizes of 1)."""
+
+    def forward(ids: torch.Tensor, last: torch.Tensor, cache: KVCache, *extra: torch.Tensor):
+        for x in (ids, *extra):
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+        return fused(ids, last, cache, *extra)
+
+    return forward
+
+
 class PrefillGraphs:
     """One model's prefill (``forward``), captured per bucket on first use.
 
@@ -53,8 +68,8 @@ class PrefillGraphs:
     ``extra(rows, length)``: example tensors of what ``forward`` reads besides the ids (the draft's
     captured points), for capturing ahead of use; ``graphs``: capture (CUDA), else run the same
     padded forwards eagerly (tests of the bucketing on the CPU). ``compile``: fuse ``forward`` with
-    torch.compile before capturing (shapes marked dynamic after the first, so buckets share compiles):
-    the engines' ``--compile-prefill``, an experiment, off by default.
+    torch.compile before capturing (lengths symbolic from the first bucket, rows after the first, so buckets share
+    compiles): the engines' ``--compile-prefill``, on by default in ``bench`` and ``serve`` under CUDA graphs.
     """
 
     def __init__(self, new_cache: Callable[[int, int], KVCache], forward: Forward, device: torch.device,
@@ -62,7 +77,7 @@ class PrefillGraphs:
                  extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (), graphs: bool = True,
                  compile: bool = False):
         if compile:
-            forward = torch.compile(forward)
+            forward = _length_symbolic(torch.compile(forward))
         self.compiled = compile
         self.new_cache, self.forward, self.device, self.extra, self.graphs = new_cache, forward, device, extra, graphs
         self.lengths = [x for x in LENGTHS if x <= min(max_length, max_tokens)]

@@ -78,15 +78,20 @@ def test_bucketed_prefill_decodes_the_same_tokens(target):
 def test_compiled_prefill_buckets_give_the_eager_logits(target):
     """torch.compile refused the layers' compiled region (DecoderLayer) wherever attention ran SDPA over a dense
     mask (the CPU, prefills past the Triton kernel's 128 tokens): the first layer built the mask inside it, a side
-    effect. The mask is built before the layers now; compiled buckets of two lengths match the eager ones."""
+    effect. The mask is built before the layers now; compiled buckets of two lengths match the eager ones, and
+    share one compile (the length is symbolic from the first bucket)."""
+    from torch._dynamo.utils import counters
+
     from eaglet.generate import target_prefills
 
     plain, fused = (target_prefills(target, CONTEXT, False, True, compile=c) for c in (False, True))
+    compiled_before = counters["frames"]["ok"]
     for prompt in prompts_of([10, 40], seed=7):
         (want,), _ = plain.run([prompt])
         (got,), view = fused.run([prompt])
         torch.testing.assert_close(got[:1], want[:1], rtol=1e-4, atol=1e-4)
         assert int(view.lens[0]) == len(prompt)
+    assert counters["frames"]["ok"] - compiled_before == 1
 
 
 def test_compile_prefill_fuses_both_models_buckets_and_decodes_the_same(target):
