@@ -149,8 +149,8 @@ def check_server_packages() -> None:
 
     missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
-        raise EagletError(f"eaglet serve needs {', '.join(missing)}, which eaglet's installation brings; this "
-                          "Python lacks it: install eaglet again (pip install -e . in its checkout)")
+        raise EagletError(f"eaglet serve needs {' and '.join(missing)}, which installing eaglet brings and this Python "
+                          "lacks: reinstall eaglet (pip install -e . in a checkout)")
 
 
 def run_server(engine, cfg: ServeConfig) -> int:
