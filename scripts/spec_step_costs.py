@@ -26,9 +26,7 @@ import time
 
 import torch
 
-from eaglet.capture import CaptureSpec
 from eaglet.cuda_graph import GraphedStep, compiled
-from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.sampling import SamplingParams, sample
 from eaglet.speculative import SpecEngine
 from eaglet.speculative.accept import greedy_accept
@@ -36,7 +34,7 @@ from eaglet.speculative.drafting import draft_prefill
 from eaglet.speculative.policy import default_ladder
 from eaglet.speculative.tree import TreeConfig, build_tree
 from eaglet.speculative.verify import prefill, verify
-from scripts.bench_decode import random_target
+from scripts.bench_decode import random_draft, random_target
 
 
 def cuda_ms(fn, reps: int = 30) -> float:
@@ -122,9 +120,7 @@ def main() -> None:
         eaglet.generate.compiled = eaglet.speculative.engine.compiled = automatic
     target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
-    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), a.draft_vocab))
-    draft = draft.to(a.device, torch.bfloat16).eval().requires_grad_(False).fuse_projections()  # as served
-    draft.set_vocab(torch.arange(a.draft_vocab, device=a.device))
+    draft = random_draft(target, a.draft_vocab)
     greedy = SamplingParams()
     rows, lines = [], []
     for b in a.batch:

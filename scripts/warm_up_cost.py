@@ -40,26 +40,20 @@ def main() -> None:
 
     import torch
 
-    from eaglet.capture import CaptureSpec
-    from eaglet.draft.model import DraftConfig, Eagle3Draft
     from eaglet.serve.server import PREFILL_LENGTHS
     from eaglet.speculative import SpecEngine
-    from scripts.bench_decode import random_target
+    from scripts.bench_decode import random_draft, random_target
 
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     target = random_target("smollm2-135m", dtype, a.device)
-    cfg = target.config
-    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), a.draft_vocab))
-    draft = draft.to(a.device, dtype).eval().requires_grad_(False).fuse_projections()
-    draft.set_vocab(torch.arange(a.draft_vocab, device=a.device))
-    eng = SpecEngine(target, draft, a.max_length, adaptive=False, bucketed_prefill=True,
+    eng = SpecEngine(target, random_draft(target, a.draft_vocab), a.max_length, adaptive=False, bucketed_prefill=True,
                      compile_prefill=a.compile_prefill, log=lambda _: None)
 
     def kernels() -> int:
         return sum(len(files) for _, _, files in os.walk(triton_dir))
 
-    rows = []
+    table = []  # (what, seconds, Triton cache files written)
 
     def timed(what: str, fn) -> None:
         k0 = kernels()
@@ -67,7 +61,7 @@ def main() -> None:
         t0 = time.perf_counter()
         fn()
         sync()
-        rows.append((what, time.perf_counter() - t0, kernels() - k0))
+        table.append((what, time.perf_counter() - t0, kernels() - k0))
 
     def captures() -> None:
         for name, graphs in (("target", eng.prefills), ("draft", eng.draft_prefills)):
@@ -91,10 +85,10 @@ def main() -> None:
         prof.runcall(eager)
         cold = time.perf_counter() - t0
     print(f"{'what':<22}{'s':>8}{'files':>7}")
-    for what, s, k in rows:
+    for what, s, k in table:
         print(f"{what:<22}{s:>8.2f}{k:>7}")
     for name in ("target", "draft", "eager"):
-        mine = [r for r in rows if r[0].startswith(name)]
+        mine = [r for r in table if r[0].startswith(name)]
         print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files")
     print(f"cold warm-up in all: {cold:.1f} s; the costliest functions (cumulative):")
     pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(a.top)
