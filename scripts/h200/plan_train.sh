@@ -1,0 +1,26 @@
+#!/bin/bash
+# An H200 plan (start.sh 400 plan_train.sh): issue 12's one-command draft, then the new draft beside the shipped
+# one on both prompt sets (eager 6,8,48, the policy off, 20 x 128 a set), then pick.py's verdict.
+# TRAIN_FLAGS overrides the flags after --recipe chat; BUDGET the minutes (the whole command's).
+export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
+R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
+t0=$SECONDS
+stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
+nvidia-smi --query-gpu=name,memory.used --format=csv
+stamp "train: --recipe chat ${TRAIN_FLAGS:=--max-samples 48000 --epochs 5}, ${BUDGET:=18.5} minutes"
+# shellcheck disable=SC2086
+$E train --target /tmp/smol.gguf --device cuda --data builtin --regenerate --recipe chat $TRAIN_FLAGS \
+  --time-budget-min "$BUDGET" --out $R/A
+echo "train rc=$?"
+cp $R/A/*.json $R/A/*.jsonl $S/ 2>/dev/null
+stamp "side by side: eager 6,8,48, the policy off, 20 x 128 a set"
+for d in A shipped; do
+  dir=$R/A/draft; [ $d = shipped ] && dir=eaglet/drafts/smollm2-135m
+  $E bench --target /tmp/smol.gguf --draft $dir --prompts builtin,eaglet/data/corpus/other_prompts.jsonl \
+    --limit 20 --max-new-tokens 128 --methods spec --num-steps 6 --tree-topk 8 --num-draft-tokens 48 \
+    --policy off --no-compile --no-compile-prefill --out $R/accept_$d
+  cp $R/accept_$d/report.json $S/accept_$d.json
+done
+python3 scripts/h200/pick.py $S/accept_A.json $S/accept_shipped.json
+stamp end
+touch /tmp/eg/DONE

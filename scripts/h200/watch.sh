@@ -1,0 +1,22 @@
+#!/bin/bash
+# On the H200: follow the plan for $1 seconds or until it touches /tmp/eg/DONE (a later call then returns at once),
+# then send back through $OUT its log, /tmp/eg/res as res.tgz and the draft /tmp/runs/A/draft once exported
+# (ALL=1: also the small files of /tmp/runs/A). At most 8 files come back: draft (5) + log + res + runA.
+end=$((SECONDS + $1))
+last=0
+while [ $SECONDS -lt $end ] && [ ! -f /tmp/eg/DONE ]; do
+  sleep 5
+  if [ $((SECONDS - last)) -ge 60 ]; then
+    last=$SECONDS
+    echo "--- $(date +%T)"; tail -c 3000 /tmp/eg/log | tr '\r' '\n' | grep -v '^\s*$' | tail -n 3 | cut -c1-250
+  fi
+done
+echo "=== $(date +%T) done=$([ -f /tmp/eg/DONE ] && echo yes || echo no)"
+tail -c 5000 /tmp/eg/log
+cp /tmp/eg/log "$OUT/log.txt" 2>/dev/null
+tar -czf "$OUT/res.tgz" -C /tmp/eg res 2>/dev/null
+if [ -f /tmp/runs/A/draft/config.json ]; then mkdir -p "$OUT/draft" && cp /tmp/runs/A/draft/* "$OUT/draft/"; fi
+if [ "$ALL" = 1 ] && [ -d /tmp/runs/A ]; then
+  (cd /tmp/runs/A && find . -maxdepth 1 -type f -size -4M | tar -czf "$OUT/runA.tgz" -T -)
+fi
+ls -la "$OUT" "$OUT/draft" 2>/dev/null
