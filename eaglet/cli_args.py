@@ -61,8 +61,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "generate; docs/performance.md)")
     p.add_argument("--draft-vocab", type=integer(1), default=None, metavar="N",
                    help="serve the draft with the N most frequent tokens of its vocabulary (drafts eaglet trained "
-                        "since 2026-12-02 list it by frequency; default: 12288 on a CPU, where the draft's LM head "
-                        "is much of its cost, all on a GPU; docs/speculative.md)")
+                        "since 2026-12-02 list it by frequency; default: all, and 12288 on a CPU whose draft LM head "
+                        "stays float32; docs/speculative.md)")
+    p.add_argument("--int8-draft-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the draft's LM head in int8 (fbgemm): on an x86 CPU with a float32 target the "
+                        "head is most of a draft step (default: there, unless --compile; docs/performance.md)")
     p.add_argument("--policy", choices=("auto", "off"), default="auto",
                    help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
                         "when speculation is slower; 'off': keep the tree whatever it costs")

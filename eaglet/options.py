@@ -135,9 +135,8 @@ class EngineOptions:
     # Fuse the prefill buckets' forwards with torch.compile before capture; None: where they are captured (CUDA),
     # except in `generate` (one prompt: ~3 ms saved for a compile of ~20-40 s; docs/performance.md, session 18).
     compile_prefill: bool | None = None
-    # Serve a frequency-ordered draft with its N most frequent tokens; None: the device's default
-    # (speculative.load.SERVE_VOCAB: 12288 on a CPU, where the LM head is much of a draft step; all on a GPU).
-    draft_vocab: int | None = None
+    draft_vocab: int | None = None  # a frequency-ordered draft's N most frequent tokens; None: load_engine_draft's
+    int8_head: bool | None = None  # the draft's LM head in int8 (x86 CPU, float32, eager); None: where possible
 
     def fused_prefill(self, device: torch.device) -> bool:
         """Whether the engines on ``device`` fuse their prefill buckets: --compile-prefill as given, else on CUDA."""

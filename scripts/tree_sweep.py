@@ -2,11 +2,13 @@
 
     PYTHONPATH=. python scripts/tree_sweep.py --trees 5,2,8 6,2,10 4,2,6 --out runs/trees.jsonl
 
-One process loads the target and the draft once and builds a PlainGenerator and one SpecEngine per
-tree (the policy off). After one untimed prompt through each, every prompt of ``--prompts`` (each set
-limited as ``eaglet bench --limit`` spreads it over its kinds) runs through plain and every tree in a
-rotating order, so the machine's drift over minutes hits every method alike (on the 2-core CPU plain
-decoding drifts by 20-30% over a run). One JSON line per prompt (tokens, seconds, accept lengths per
+A tree may name how its draft's LM head is served: ``5,2,8:float@12288`` (float32, cut to the 12,288 most
+frequent tokens), ``5,2,8:int8`` (int8, the whole vocabulary); without either, as ``bench`` serves it
+(``--draft-vocab``, then the device's default). One process loads the target once and builds a PlainGenerator
+and one SpecEngine per tree (the policy off). After one untimed prompt through each, every prompt of
+``--prompts`` (each set limited as ``eaglet bench --limit`` spreads it over its kinds) runs through plain and
+every tree in a rotating order, so the machine's drift over minutes hits every method alike (on the 2-core
+CPU plain decoding drifts by 20-30% over a run). One JSON line per prompt (tokens, seconds, accept lengths per
 method) goes to ``--out``; a table last: accept length and spec / plain per set, tok/s, outputs equal to
 plain's, and each tree's median per-prompt speed against the first tree.
 """
@@ -40,7 +42,8 @@ def main() -> None:
     ap.add_argument("--prompts", default="builtin,eaglet/data/corpus/other_prompts.jsonl")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--trees", nargs="+", default=["5,2,8", "6,2,10", "4,2,6"], help="num_steps,topk,num_draft_tokens")
+    ap.add_argument("--trees", nargs="+", default=["5,2,8", "6,2,10", "4,2,6"],
+                    help="num_steps,topk,num_draft_tokens[:int8|float][@draft vocabulary]")
     ap.add_argument("--out", required=True, help="JSONL, one line per prompt")
     a = ap.parse_args()
 
@@ -49,10 +52,14 @@ def main() -> None:
     prompts = load_prompt_sets(a.prompts, a.limit)
     ids = [encode_chat(target.tokenizer, p.messages) for p in prompts]
     prefill = EngineOptions(policy=False).fused_prefill(torch.device(a.device))
-    draft = load_engine_draft(resolve_draft(a.draft, target), target, a.draft_vocab)
+    path = resolve_draft(a.draft, target)
     gens = {"plain": PlainGenerator(target, opts.max_context, compile_prefill=prefill)}
     for tree in a.trees:
-        steps, topk, nodes = map(int, tree.split(","))
+        shape, _, vocab = tree.partition("@")
+        shape, _, head = shape.partition(":")
+        steps, topk, nodes = map(int, shape.split(","))
+        draft = load_engine_draft(path, target, int(vocab) if vocab else a.draft_vocab,
+                                  {"int8": True, "float": False, "": None}[head])
         gens[tree] = SpecEngine(target, draft, opts.max_context, steps, topk, nodes, adaptive=False, compile=None,
                                 compile_prefill=prefill, log=lambda m: print(m, file=sys.stderr))
     methods = list(gens)
@@ -79,10 +86,10 @@ def print_table(recs: list[dict], methods: list[str]) -> None:
     def rate(rs, m):
         return sum(len(r[m]["tokens"]) for r in rs) / sum(r[m]["s"] for r in rs)
 
-    print(f"{'method':<9}" + "".join(f"{'accept ' + s[:8]:>17}{'x ' + s[:8]:>12}" for s in sets)
+    print(f"{'method':<18}" + "".join(f"{'accept ' + s[:8]:>17}{'x ' + s[:8]:>12}" for s in sets)
           + f"{'tok/s':>8}{'x all':>7}{'same':>7}{'vs ' + methods[1]:>12}")
     for m in methods:
-        row = f"{m:<9}"
+        row = f"{m:<18}"
         for s in sets:
             rs = [r for r in recs if r["set"] == s]
             acc = [x for r in rs for x in r[m]["acc"]]

@@ -6,14 +6,18 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from eaglet.errors import EagletError
 from eaglet.loading.target import Target
+from eaglet.models.int8_linear import Int8Linear, int8_gemm_available
 from eaglet.options import EngineOptions
 
 DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
-# Tokens a frequency-ordered draft serves with by default, per device type (absent: all). On the 2-core CPU
-# the draft's LM head is much of a draft step: 24,576 tokens cost a 5,2,8 iteration 1.96 plain steps against
-# 1.71 with 12,288 (+15%), more than the 6-8% more accepted tokens they gave on the H200 (docs/training.md);
-# the shipped SmolLM2 draft served cut ran 1.60x plain decoding there, whole 1.53x (docs/performance.md).
+# Tokens a frequency-ordered draft serves with by default where its LM head stays float32, per device type
+# (absent: all). On the 2-core CPU that head is much of a draft step: 24,576 tokens cost a 5,2,8 iteration 1.96
+# plain steps against 1.71 with 12,288 (+15%), more than the 3% more accepted tokens are worth; served in int8
+# (the CPU's default, ``int8_head``) the whole head costs less than the cut float32 one (docs/performance.md).
 SERVE_VOCAB = {"cpu": 12288}
 
 
@@ -48,20 +52,29 @@ def resolve_draft(spec: str, target: Target) -> Path | None:
     return Path(spec).expanduser()
 
 
-def load_engine_draft(path: Path, target: Target, vocab: int | None = None):
+def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8_head: bool | None = None):
     """The draft at ``path``, on the target's device and in its dtype, its projections fused for
     serving; a draft recorded for another target (hidden size, vocabulary, layers, tokenizer) is refused.
 
     ``vocab``: serve a frequency-ordered draft with its ``vocab`` most frequent tokens (``keep_vocab``, which
-    refuses a draft listed by token id); default: SERVE_VOCAB for the device, where the draft allows it."""
+    refuses a draft listed by token id); default: all of them where the head is served in int8, else
+    SERVE_VOCAB for the device, where the draft allows it. ``int8_head``: serve the LM head in int8
+    (``Int8Linear``: a float32 target on an x86 CPU, not under torch.compile); None: wherever that is possible."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
+    possible = p.device.type == "cpu" and p.dtype == torch.float32 and int8_gemm_available()
+    if int8_head and not possible:
+        raise EagletError("an int8 draft head needs a float32 target on an x86 CPU (fbgemm's int8 GEMM); "
+                          f"this one is {str(p.dtype).removeprefix('torch.')} on {p.device.type}")
+    int8_head = possible if int8_head is None else int8_head
     draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
-    if vocab is None and draft.config.vocab_by_frequency:
+    if vocab is None and draft.config.vocab_by_frequency and not int8_head:
         vocab = SERVE_VOCAB.get(p.device.type)
     if vocab is not None:
         draft.keep_vocab(vocab)
+    if int8_head:
+        draft.lm_head = Int8Linear(draft.lm_head.weight)
     return draft.fuse_projections()
 
 
@@ -71,6 +84,11 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
     from eaglet.speculative import SpecEngine  # the package's name, looked up when called (tests wrap it)
 
     kw = {} if log is None else {"log": log}  # None: the engine's own notes on stderr
-    return SpecEngine(target, load_engine_draft(path, target, options.draft_vocab), max_context,
+    # A CPU's --compile traces the draft, and dynamo does not take fbgemm's packed weights: the head stays float32.
+    if options.compile and options.int8_head:
+        raise EagletError("--int8-draft-head does not go with --compile (torch.compile cannot trace the int8 "
+                          "head's packed weights); leave one of them out")
+    int8_head = False if options.compile else options.int8_head
+    return SpecEngine(target, load_engine_draft(path, target, options.draft_vocab, int8_head), max_context,
                       *options.tree_flags, compile=options.compile, adaptive=options.policy,
                       compile_prefill=options.fused_prefill(target.model.embed.weight.device), **kw)

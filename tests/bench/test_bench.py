@@ -202,7 +202,8 @@ def test_the_prefill_is_fused_by_default_where_captured_except_in_generate(chat_
 def test_a_frequency_ordered_draft_serves_the_vocabulary_asked_or_the_devices_default(chat_model_dir, draft_dir,
                                                                                      tmp_path, monkeypatch):
     """--draft-vocab cuts a frequency-ordered draft's vocabulary to its first N tokens; without it a CPU serves
-    SERVE_VOCAB of them (patched here below the tiny draft's 160), and report.json says what was served."""
+    all of them with its LM head in int8, or SERVE_VOCAB of them (patched here below the tiny draft's 160) with
+    the head left float32, and report.json says what was served."""
     import dataclasses
 
     from eaglet.draft.checkpoint import load_draft, save_draft
@@ -213,13 +214,25 @@ def test_a_frequency_ordered_draft_serves_the_vocabulary_asked_or_the_devices_de
     monkeypatch.setattr("eaglet.speculative.load.SERVE_VOCAB", {"cpu": 96})
     common = ["bench", "--target", str(chat_model_dir), "--max-new-tokens", "4", "--methods", "spec", "--limit", "1"]
     served = []
-    for extra in ([], ["--draft-vocab", "40"]):
+    for extra in (["--no-int8-draft-head"], ["--draft-vocab", "40"], []):
         out = tmp_path / f"run{len(served)}"
         assert main([*common, "--draft", str(tmp_path / "freq"), "--out", str(out), *extra]) == 0
-        served.append(json.loads((out / "report.json").read_text())["config"]["draft_vocab"])
+        config = json.loads((out / "report.json").read_text())["config"]
+        served.append(config["draft_vocab"])
+        assert config["int8_draft_head"] == ("--no-int8-draft-head" not in extra)
     assert main([*common, "--draft", str(draft_dir), "--out", str(tmp_path / "by-id")]) == 0  # served whole
     served.append(json.loads((tmp_path / "by-id" / "report.json").read_text())["config"]["draft_vocab"])
-    assert served == [96, 40, 160]
+    assert served == [96, 40, 160, 160]
+
+
+def test_an_int8_draft_head_is_refused_where_it_cannot_run(chat_model_dir, draft_dir, capsys):
+    """--int8-draft-head with --compile, or with a target in bfloat16: one sentence and exit status 2."""
+    common = ["generate", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompt", "hi",
+              "--max-new-tokens", "2", "--int8-draft-head"]
+    assert main([*common, "--compile"]) == 2
+    assert "does not go with --compile" in capsys.readouterr().err
+    assert main([*common, "--dtype", "bfloat16"]) == 2
+    assert "needs a float32 target on an x86 CPU" in capsys.readouterr().err
 
 
 def test_every_prompt_shape_is_warm_before_timing(chat_model_dir, draft_dir, prompts_file, tmp_path, monkeypatch):

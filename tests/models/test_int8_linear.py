@@ -1,0 +1,63 @@
+"""``Int8Linear``: a draft's LM head served in int8 on an x86 CPU; greedy outputs stay plain decoding's."""
+
+import pytest
+import torch
+
+from eaglet.errors import EagletError
+from eaglet.models.int8_linear import Int8Linear, int8_gemm_available
+
+pytestmark = pytest.mark.skipif(not int8_gemm_available(), reason="no fbgemm int8 GEMM on this CPU")
+
+
+def test_int8_head_is_close_to_float_and_keeps_the_leading_shape():
+    torch.manual_seed(0)
+    w = torch.randn(300, 64) * 0.05
+    head = Int8Linear(w)
+    for shape in [(1, 64), (2, 5, 64)]:
+        x = torch.randn(shape)
+        got, want = head(x), x @ w.T
+        assert got.shape == (*shape[:-1], 300)
+        # 8-bit weights and 7-bit activations: ~1% of the logits' range, not float32's 1e-6
+        err = (got - want).abs().max() / want.abs().max()
+        assert 1e-6 < err < 0.05, err
+        same_top = (got.argmax(-1) == want.argmax(-1)).float().mean()
+        assert same_top >= 0.8, same_top
+
+
+def served(tmp_path, monkeypatch):
+    """(target, load): a tiny float32 target that often repeats itself and ``load_engine_draft`` serving its
+    echo draft (which proposes the target's own next token: acceptance is partial, tests/speculative)."""
+    from eaglet.speculative.load import load_engine_draft
+    from tests.speculative.conftest import echo_draft, repeat_prone, tiny_target
+
+    target = repeat_prone(tiny_target(tmp_path / "t"))
+    monkeypatch.setattr("eaglet.draft.compat.load_draft_for",
+                        lambda path, t, device, dtype: (echo_draft(t).to(device, dtype), {}))
+    return target, lambda **kw: load_engine_draft(tmp_path / "d", target, **kw)
+
+
+def test_served_drafts_take_an_int8_head_on_a_float32_cpu_target_and_refuse_it_elsewhere(tmp_path, monkeypatch):
+    target, load = served(tmp_path, monkeypatch)
+    assert isinstance(load().lm_head, Int8Linear)
+    assert not isinstance(load(int8_head=False).lm_head, Int8Linear)
+    target.model.to(torch.bfloat16)
+    assert not isinstance(load().lm_head, Int8Linear)  # None: where possible
+    with pytest.raises(EagletError, match="float32 target on an x86 CPU"):
+        load(int8_head=True)
+
+
+def test_speculative_greedy_output_with_an_int8_head_equals_plain(tmp_path, monkeypatch):
+    """The head only proposes: whatever it proposes, the target's verification keeps plain decoding's tokens."""
+    from eaglet.generate import PlainGenerator
+    from eaglet.sampling import SamplingParams
+    from eaglet.speculative import SpecEngine
+
+    target, load = served(tmp_path, monkeypatch)
+    draft = load()
+    assert isinstance(draft.lm_head, Int8Linear)
+    prompts = [[1, 5, 9, 2], [7, 3, 3, 8, 11, 4]]
+    params = SamplingParams(max_new_tokens=32)
+    plain = PlainGenerator(target, 128).generate(prompts, params)
+    spec = SpecEngine(target, draft, 128, 3, 2, 5, adaptive=False).generate(prompts, params)
+    assert [c.tokens for c in spec] == [c.tokens for c in plain]
+    assert max(n for c in spec for n in c.accept_lengths) > 1  # the int8 head's proposals were taken
