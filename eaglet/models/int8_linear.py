@@ -4,7 +4,7 @@ On the workplace's 2-core AVX2 CPU the draft's LM head is most of a draft step: 
 1.78 ms with oneDNN's packed float32 GEMM (``layers.dense``), 1.11 ms in fbgemm's fp16 and 0.57 ms in int8
 ([24576, 576]: 3.34 / 2.16 / 1.14 ms). The weights are quantized per output row, symmetric, to 8 bits; the
 activations per call to 7 bits (``reduce_range``: without AVX-512 VNNI fbgemm's 8-bit products can saturate
-their 16-bit sums). The logits move by ~1% of their range, enough to swap close candidates now and then: for a
+their 16-bit sums). The logits move by 1-2% of their range, enough to swap close candidates now and then: for a
 draft, which only proposes, acceptance is what counts (docs/performance.md, "The draft's LM head in int8").
 A target's weights are never served this way: its outputs must stay those of plain decoding.
 """
