@@ -1,7 +1,6 @@
 #!/bin/bash
 # An H200 plan (start.sh 400 plan_serve.sh, after wheels.sh install): issue 13's server at concurrency 1 against
 # the offline bench on the same prompts (serve_matrix.sh), then issue 11's batch 64 on both prompt sets.
-export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
 R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
@@ -13,4 +12,3 @@ $E bench --target /tmp/smol.gguf --prompts builtin,eaglet/data/corpus/other_prom
   --methods plain,spec --batch-size 64 --out $R/b64
 cp $R/b64/report.json $S/b64.json
 stamp end
-touch /tmp/eg/DONE

@@ -2,7 +2,6 @@
 # An H200 plan (start.sh 400 plan_train.sh): issue 12's one-command draft, then the new draft beside the shipped
 # one on both prompt sets (eager 6,8,48, the policy off, 20 x 128 a set), then pick.py's verdict.
 # TRAIN_FLAGS overrides the flags after --recipe chat; BUDGET the minutes (the whole command's).
-export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
 R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
@@ -23,4 +22,3 @@ for d in A shipped; do
 done
 python3 scripts/h200/pick.py $S/accept_A.json $S/accept_shipped.json
 stamp end
-touch /tmp/eg/DONE

@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the H200, the last staging call (carry [".dev/q10"]): part 10 and the gguf wheel, the GGUF's checksum, this
 # tree copied to /tmp/eg/repo, then the plan scripts/h200/$2 started in a session of its own (it outlives this
-# call; its log is /tmp/eg/log, what it keeps goes to /tmp/eg/res) and watched for $1 seconds.
+# call; its log is /tmp/eg/log, what it keeps goes to /tmp/eg/res; /tmp/eg/DONE once it exits) and watched for $1
+# seconds.
 set -e
 cat .dev/q10/part >> /tmp/smol.gguf.part
 sum=$(md5sum /tmp/smol.gguf.part | cut -d' ' -f1)
@@ -11,6 +12,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 rm -rf /tmp/eg/repo /tmp/eg/DONE && mkdir -p /tmp/eg/repo /tmp/eg/res
 tar --exclude='./.dev' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)
 cd /tmp/eg/repo
-setsid nohup bash scripts/h200/$2 > /tmp/eg/log 2>&1 < /dev/null &
+# The plan's environment, and its end marked here whatever the plan does (a plan that fails ends the watching too).
+export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
+setsid nohup bash -c "bash scripts/h200/$2; touch /tmp/eg/DONE" > /tmp/eg/log 2>&1 < /dev/null &
 sleep 2
 bash scripts/h200/watch.sh "$1"

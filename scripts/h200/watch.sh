@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the H200: follow the plan for $1 seconds or until it touches /tmp/eg/DONE (a later call then returns at once),
+# On the H200: follow the plan for $1 seconds or until it has ended (/tmp/eg/DONE; a later call then returns at once),
 # then send back through $OUT its log, /tmp/eg/res as res.tgz and the draft /tmp/runs/A/draft once exported
 # (ALL=1: also the small files of /tmp/runs/A). At most 8 files come back: draft (5) + log + res + runA.
 end=$((SECONDS + $1))
