@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from eaglet import __version__, options
-from eaglet.cli_args import add_engine_options, add_sampling, add_spec_options, add_target, add_tp
+from eaglet.cli_args import add_engine_options, add_head_options, add_sampling, add_spec_options, add_target, add_tp
 from eaglet.cli_checks import integer, nonempty, number, size_list, url
 from eaglet.cli_train import add_training_parsers
 from eaglet.doctor.config import DoctorConfig
@@ -146,6 +146,7 @@ def _add_doctor_parser(sub) -> None:
                    default=DoctorConfig.top_k,
                    help="sampling top-k to judge; 0 = off (not the draft tree's --tree-topk)")
     add_spec_options(d)
+    add_head_options(d)
 
 
 def _add_serve_parser(sub) -> None:

@@ -59,6 +59,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="fuse the prefill's captured buckets with torch.compile too (CUDA): ~3 ms less a joining "
                         "prompt on an H200 for ~20-40 s more at start (default: on with CUDA graphs, off in "
                         "generate; docs/performance.md)")
+    add_head_options(p)
+    p.add_argument("--policy", choices=("auto", "off"), default="auto",
+                   help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
+                        "when speculation is slower; 'off': keep the tree whatever it costs")
+
+
+def add_head_options(p: argparse.ArgumentParser) -> None:
+    """How the draft's LM head is served (the engine's options; the doctor checks them)."""
     p.add_argument("--draft-vocab", type=integer(1), default=None, metavar="N",
                    help="serve the draft with the N most frequent tokens of its vocabulary (drafts eaglet trained "
                         "since 2026-12-02 list it by frequency; default: all, and 12288 on a CPU whose draft LM head "
@@ -66,6 +74,3 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8-draft-head", action=argparse.BooleanOptionalAction, default=None,
                    help="serve the draft's LM head in int8 (fbgemm): on an x86 CPU with a float32 target the "
                         "head is most of a draft step (default: there, unless --compile; docs/performance.md)")
-    p.add_argument("--policy", choices=("auto", "off"), default="auto",
-                   help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
-                        "when speculation is slower; 'off': keep the tree whatever it costs")

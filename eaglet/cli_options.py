@@ -101,8 +101,8 @@ def doctor(a: Namespace) -> DoctorConfig:
     return DoctorConfig(target=a.target, draft=a.draft, prompts=a.prompts, num_prompts=a.num_prompts,
                         max_new_tokens=a.max_new_tokens, features=a.features, tp=a.tp, num_steps=a.num_steps,
                         topk=a.topk, num_draft_tokens=a.num_draft_tokens, temperature=a.temperature,
-                        top_p=a.top_p, top_k=a.top_k, max_context=t.max_context, device=t.device, dtype=t.dtype,
-                        json=a.json)
+                        top_p=a.top_p, top_k=a.top_k, draft_vocab=a.draft_vocab, int8_head=a.int8_draft_head,
+                        max_context=t.max_context, device=t.device, dtype=t.dtype, json=a.json)
 
 
 def serve(a: Namespace) -> ServeConfig:

@@ -146,8 +146,9 @@ def _add_train_parser(sub) -> None:
                    help="time for regeneration (default: while the time left still trains --epochs passes "
                         "over the data so far; docs/training.md)")
     t.add_argument("--train-tokens-per-s", type=number(0, low_open=True), default=None,
-                   help="padded training tokens per second, for the budget split (default: 107000, measured "
-                        "with SmolLM2 on one H200, validation included)")
+                   help="padded training tokens per second, for the budget split (default: timed on a few "
+                        "steps before regenerating; 98000, SmolLM2's rate on one H200 with validation, where "
+                        "several processes train)")
     t.add_argument("--features", default=None,
                    help="offline feature directory (`data capture`) instead of online (default: online)")
     t.add_argument("--val-features", default=None, help="offline features for validation (default: online)")

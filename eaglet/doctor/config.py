@@ -32,6 +32,8 @@ class DoctorConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    draft_vocab: int | None = None  # the draft's head as served (check 5): load_engine_draft's vocab, int8_head
+    int8_head: bool | None = None
     max_context: int | None = None
     device: str = "cpu"
     dtype: str = "float32"

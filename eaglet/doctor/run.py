@@ -15,6 +15,7 @@ import time
 from eaglet.capture import CaptureSpec
 from eaglet.doctor import contract as contract_check
 from eaglet.doctor.config import DoctorConfig
+from eaglet.doctor.head import HeadComparison, compare_heads
 from eaglet.doctor.online import TITLE as ONLINE
 from eaglet.doctor.online import check_online
 from eaglet.doctor.parity import TITLE as PARITY
@@ -29,7 +30,7 @@ from eaglet.doctor.tp import check_tp
 from eaglet.errors import EagletError
 from eaglet.generate import context_size
 from eaglet.loading.target import load_target
-from eaglet.speculative.load import resolve_draft
+from eaglet.speculative.load import load_engine_draft, resolve_draft
 
 
 def note(msg: str) -> None:
@@ -47,9 +48,9 @@ def _failed(number: int, title: str, err: EagletError) -> Check:
     return chk
 
 
-def _draft_checks(target, draft, spec: CaptureSpec, con, cfg: DoctorConfig, samples, steps: int, capacity: int,
-                  log) -> tuple[list[Check], tuple[float, float] | None]:
-    """Checks 2-4 (and the sampling estimate of check 5), which run the draft."""
+def _draft_checks(target, draft, draft_path, spec: CaptureSpec, con, cfg: DoctorConfig, samples, steps: int,
+                  capacity: int, log) -> tuple[list[Check], tuple[float, float] | None, HeadComparison | EagletError]:
+    """Checks 2-4 (and check 5's sampling estimate and served head), which run the draft."""
     tc, checks = target.config, []
     training = (con.config.get("eaglet") or {}).get("training") or {}
     try:
@@ -72,11 +73,16 @@ def _draft_checks(target, draft, spec: CaptureSpec, con, cfg: DoctorConfig, samp
     else:
         plain = [a[: serve_tokens(cfg)] for a in samples.answers]
         checks.append(check_online(draft, run_inp.aux, run_inp, run, steps, plain, training.get("val")))
+    aux = select_points(inp.aux, captured, spec.points, tc.hidden_size)
     sampled = None
     if not cfg.sampling.greedy:
-        aux = select_points(inp.aux, captured, spec.points, tc.hidden_size)
         sampled = sampled_acceptance(draft, aux, inp, samples.prompt_lens, cfg.sampling)
-    return checks, sampled
+    try:  # the head as the engine serves it (check 5)
+        served = load_engine_draft(draft_path, target, cfg.draft_vocab, cfg.int8_head)
+        head = compare_heads(draft, served, aux, inp, samples.prompt_lens, steps)
+    except EagletError as e:
+        head = e
+    return checks, sampled, head
 
 
 def run_doctor(cfg: DoctorConfig, log=note) -> Report:
@@ -100,16 +106,16 @@ def run_doctor(cfg: DoctorConfig, log=note) -> Report:
         log(f"the target answers {cfg.num_prompts} prompts ({cfg.max_new_tokens} new tokens, greedy)")
         samples = make_samples(target, cfg.prompts, cfg.num_prompts, cfg.max_new_tokens, capacity)
     steps = chain_steps(cfg, target.model.embed.weight.device.type)
-    sampled = None
+    sampled = head = None
     if draft is None:
         why = "the draft cannot run on this target (see check 1)"
         checks += [skipped(2, PARITY, why), skipped(3, SEARCH, why), skipped(4, ONLINE, why)]
     else:
-        more, sampled = _draft_checks(target, draft, spec, con, cfg, samples, steps, capacity, log)
+        more, sampled, head = _draft_checks(target, draft, draft_path, spec, con, cfg, samples, steps, capacity, log)
         checks += more
     trained_steps = ((con.config.get("eaglet") or {}).get("training") or {}).get("ttt_steps")
     shortest = min(map(len, samples.prompts)) if samples else None
-    checks.append(check_settings(target, draft, cfg, shortest, sampled, trained_steps))
+    checks.append(check_settings(target, draft, cfg, shortest, sampled, trained_steps, head))
     if cfg.tp and cfg.tp > 1:
         log(f"tensor parallelism: tp={cfg.tp} against tp=1")
     checks.append(check_tp(cfg.target, cfg.tp, samples.prompts if samples else [], spec.points if spec else None,

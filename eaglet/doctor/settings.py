@@ -12,6 +12,9 @@
   plain steps as it has nodes, and no accept length pays it back.
 - ``num_steps`` beyond the steps the draft was trained to unroll (its config records
   them) is a warning: those steps never saw a training signal.
+- The draft's LM head as the engine serves it (int8 on a CPU, or cut to the most frequent
+  tokens; ``eaglet.doctor.head``) against the trained head: a predicted accept length more
+  than ``TAU_DROP`` (0.1) lower warns; a serving setting the engine refuses fails.
 - Sampling: at temperature ``T > 0`` a draft token is accepted with probability
   ``sum_x min(p(x), q(x))`` (target ``p``, draft ``q``, both after temperature, top-k,
   top-p). This is measured for draft step 0 on the doctor's answers (over the draft
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from eaglet.doctor.config import DoctorConfig
+from eaglet.doctor.head import TAU_DROP, HeadComparison
 from eaglet.doctor.report import FAIL, WARN, Check
 from eaglet.doctor.samples import anchors
 from eaglet.errors import EagletError
@@ -70,8 +74,33 @@ def sampled_acceptance(draft, aux: torch.Tensor, inp: StepInputs, prompt_lens: t
     return overlap / n, agree / n
 
 
+def served_head(chk: Check, head: HeadComparison | EagletError | None, ev: dict) -> None:
+    """Check 5's lines on the draft's LM head as the engine serves it (``eaglet.doctor.head``)."""
+    if isinstance(head, EagletError):
+        chk.flag(FAIL, str(head))
+        return
+    if head is None:
+        return
+    if head.same_as_trained:
+        chk.lines.append(f"served head: {head.served}, as trained")
+        ev["head"] = {"served": head.served, "same_as_trained": True}
+        return
+    ev["head"] = {"served": head.served, "same_as_trained": False, "acc_trained": head.acc_trained,
+                  "acc_served": head.acc_served, "same_top1": head.same_top1, "anchors": head.anchors,
+                  "tau_trained": head.tau_trained, "tau_served": head.tau_served}
+    chk.lines.append(f"served head: {head.served}; step-0 proposal as trained at {head.same_top1[0]:.1%} "
+                     f"of {head.anchors} anchors")
+    chk.lines.append(f"served head: predicted accept length {head.tau_served:.2f}, {head.tau_trained:.2f} as trained "
+                     f"(chain of {len(head.acc_served)}, check 3's answers)")
+    if head.tau_trained - head.tau_served > TAU_DROP:
+        chk.flag(WARN, f"served as {head.served}, the draft's head proposes the target's token less often than "
+                       f"as trained: predicted accept length {head.tau_served:.2f} against {head.tau_trained:.2f}; "
+                       "serve it otherwise (--draft-vocab, --int8-draft-head / --no-int8-draft-head)")
+
+
 def check_settings(target: Target, draft, cfg: DoctorConfig, shortest_prompt: int | None,
-                   sampled: tuple[float, float] | None, trained_steps: int | None) -> Check:
+                   sampled: tuple[float, float] | None, trained_steps: int | None,
+                   head: HeadComparison | EagletError | None = None) -> Check:
     chk = Check(5, TITLE)
     dev = target.model.embed.weight.device.type
     given = cfg.tree_flags
@@ -115,6 +144,7 @@ def check_settings(target: Target, draft, cfg: DoctorConfig, shortest_prompt: in
         if trained_steps is not None and t.num_steps > trained_steps:
             chk.flag(WARN, f"num_steps={t.num_steps} exceeds the {trained_steps} steps the draft was trained to "
                            f"unroll: steps {trained_steps}..{t.num_steps - 1} never saw a training signal")
+    served_head(chk, head, ev)
     p = cfg.sampling
     if p.greedy:
         chk.lines.append("sampling: greedy (acceptance is the draft's agreement with the target's argmax)")

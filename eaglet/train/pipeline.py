@@ -162,8 +162,8 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
             if time_budget_s and not (regen_budget_s or train_tokens_per_s or dist.enabled or regen_done(out)):
                 with clock.stage("probe"):
                     train_tokens_per_s, cached = probe.train_tokens_per_s(target, cfg, dist.device)
-                again = f", {cached / 1e3:,.1f}k with its features kept" if cached != train_tokens_per_s else ""
-                note(f"training here makes ~{train_tokens_per_s / 1e3:,.1f}k padded tokens a second{again} (a few "
+                again = f", {cached:,.0f} with its features kept" if cached != train_tokens_per_s else ""
+                note(f"training here makes ~{train_tokens_per_s:,.0f} padded tokens a second{again} (a few "
                      "steps timed; --train-tokens-per-s sets it): the budget's split counts with that")
             split = BudgetSplit(time_budget_s or float("inf"), cfg.epochs, regen_budget_s=regen_budget_s,
                                 cached_tokens_per_s=cached,
@@ -183,9 +183,10 @@ def run_train(target: Target, data: str, out: Path, cfg: TrainConfig, dist: Dist
         convs = []  # the budget ended regeneration before anything was written
     train_convs, val_convs = split_train_val(convs, val_fraction)
     if not train_convs and budget_cut:
-        raise EagletError("the time budget ended regeneration before any training answer: at this machine's "
-                          "training rate it held room for none; raise --time-budget-min (or set --train-tokens-per-s) "
-                          f"and remove {out / 'regenerated.done.json'} to regenerate more")
+        why = ("--regen-budget-min ended regeneration before any training answer; raise it" if regen_budget_s else
+               "the time budget ended regeneration before any training answer: at this machine's training rate it "
+               "held room for none; raise --time-budget-min (or set --train-tokens-per-s)")
+        raise EagletError(f"{why} and remove {out / 'regenerated.done.json'} to regenerate more")
     if not convs:
         raise EagletError(f"{data} holds no assistant answers to train on; regenerate them first "
                           "(eaglet data regenerate, or eaglet train --regenerate)")

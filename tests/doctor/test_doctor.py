@@ -23,6 +23,7 @@ from eaglet.draft.checkpoint import load_draft, save_draft
 from eaglet.draft.compat import target_identity
 from eaglet.errors import EagletError
 from eaglet.loading.target import tokenizer_hash
+from eaglet.models.int8_linear import int8_gemm_available
 from eaglet.speculative import verify as spec_verify
 from tests.doctor.conftest import LAYERS, POINTS, copy_draft
 from tests.train.helpers import load_tiny, tiny_tokenizer
@@ -85,6 +86,11 @@ def test_a_correct_setup_passes_every_check(doctor_target_dir, trained_draft, do
     assert search[0]["points"] == list(POINTS) and search[0]["acc_0"] == max(s["acc_0"] for s in search)
     online = rep["checks"][3]["evidence"]
     assert online["tau_pred"] > 1.5 and online["identical_to_plain"] == online["prompts"] == 16
+    head = rep["checks"][4]["evidence"]["head"]  # served as a CPU serves it: int8 where fbgemm's GEMM exists
+    if int8_gemm_available():
+        assert head["served"].startswith("int8, the whole vocabulary") and not head["same_as_trained"], head
+        assert head["same_top1"][0] > 0.9 and abs(head["tau_served"] - head["tau_trained"]) <= 0.1, head
+        assert "served head: int8" in text
 
 
 def test_a_draft_of_the_new_recipe_passes(doctor_target_dir, recipe_draft, doctor_prompts, tmp_path, capsys):
@@ -283,6 +289,24 @@ def test_a_draft_for_another_target_skips_the_runs(doctor_target_dir, trained_dr
     rep = doctor(doctor_target_dir, bad, doctor_prompts)
     assert [c.status for c in rep.checks] == ["fail", "skip", "skip", "skip", "pass", "skip"]
     assert "hidden size 128; this target's is 64" in problems(rep, 1)
+
+
+def test_a_served_head_that_loses_acceptance_warns_and_one_the_engine_refuses_fails(
+        doctor_target_dir, trained_draft, doctor_prompts, tmp_path):
+    """Check 5 compares the draft's head as served with the trained one: cut to its 4 most frequent tokens it
+    proposes the target's token far less often (a warning naming both accept lengths); a cut of a draft listed
+    by token id is refused by the engine's loader, and the check fails with its sentence."""
+    rep = doctor(doctor_target_dir, trained_draft, doctor_prompts, draft_vocab=4, int8_head=False)
+    head = rep.checks[4].evidence["head"]
+    assert head["served"].startswith("float32, 4 of its") and head["tau_served"] < head["tau_trained"] - 0.1, head
+    assert status(rep)[5] == "warn" and "proposes the target's token less often" in problems(rep, 5)
+    whole = doctor(doctor_target_dir, trained_draft, doctor_prompts, int8_head=False)
+    assert status(whole)[5] == "pass" and whole.checks[4].evidence["head"] == {
+        "served": f"float32, the whole vocabulary ({load_draft(trained_draft, LAYERS)[0].config.draft_vocab_size:,} "
+                  "tokens)", "same_as_trained": True}
+    by_id = copy_draft(trained_draft, tmp_path / "by-id", lambda cfg: cfg["eaglet"].pop("vocab_order", None))
+    rep = doctor(doctor_target_dir, by_id, doctor_prompts, draft_vocab=4)
+    assert status(rep)[5] == "fail" and "listed by token id" in problems(rep, 5)
 
 
 @pytest.fixture(scope="module")

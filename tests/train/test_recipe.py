@@ -177,6 +177,10 @@ def test_a_budget_with_no_room_for_training_answers_says_so(tiny_target_dir, tmp
                  "--regenerate", "--max-new-tokens", "4", "--time-budget-min", "0.3", "--train-tokens-per-s", "1"]) == 2
     assert "the time budget ended regeneration before any training answer" in capsys.readouterr().err
     assert (out / "regenerated.done.json").is_file()
+    out = tmp_path / "run2"  # an explicit cap on regeneration is what the sentence names then
+    assert main(["train", "--target", str(tiny_target_dir), "--device", "cpu", "--data", str(src), "--out", str(out),
+                 "--regenerate", "--max-new-tokens", "4", "--regen-budget-min", "0.0001"]) == 2
+    assert "--regen-budget-min ended regeneration before any training answer; raise it" in capsys.readouterr().err
 
 
 def test_a_budgeted_run_cut_into_pieces_gets_what_its_budget_has_left(tiny_target_dir, tmp_path, monkeypatch):

@@ -1,0 +1,70 @@
+"""Check 5's served head: does the draft's LM head as the engine serves it propose what the trained one does?
+
+Serving may change the head the draft was trained with: a CPU serves it in int8 (``Int8Linear``) over the whole
+vocabulary, or in float32 cut to the most frequent tokens (``keep_vocab``), and ``--draft-vocab`` /
+``--int8-draft-head`` choose. The trunk is untouched, so the draft is unrolled once, teacher-forced as in
+training (``TTTLoss.unroll``), and both heads read each step's output at the answer anchors: how often each
+proposes the target's next token (acc_j, and the chain's predicted accept length from them) and how often the
+two heads propose the same token. A served head that loses more than ``TAU_DROP`` of the predicted accept
+length warns: the serving setting spends what training bought.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eaglet.doctor.samples import anchors
+from eaglet.models.int8_linear import Int8Linear
+from eaglet.train.inputs import StepInputs
+from eaglet.train.ttt import TTTLoss, predicted_accept_length
+
+TAU_DROP = 0.1
+
+
+@dataclass
+class HeadComparison:
+    served: str  # how the engine serves the head, e.g. "int8, the whole vocabulary (24,576 tokens)"
+    same_as_trained: bool  # float, the whole vocabulary: nothing to compare
+    acc_trained: list[float]  # per draft step, over answer anchors
+    acc_served: list[float]
+    same_top1: list[float]  # the two heads' proposals equal (in target ids)
+    anchors: int  # step 0's
+
+    @property
+    def tau_trained(self) -> float:
+        return predicted_accept_length(self.acc_trained)
+
+    @property
+    def tau_served(self) -> float:
+        return predicted_accept_length(self.acc_served)
+
+
+def describe(trained, served) -> str:
+    kind = "int8" if isinstance(served.lm_head, Int8Linear) else str(served.fc.weight.dtype).removeprefix("torch.")
+    n, whole = served.config.draft_vocab_size, trained.config.draft_vocab_size
+    vocab = f"the whole vocabulary ({n:,} tokens)" if n == whole else f"{n:,} of its {whole:,} tokens"
+    return f"{kind}, {vocab}"
+
+
+@torch.inference_mode()
+def compare_heads(trained, served, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor,
+                  steps: int) -> HeadComparison:
+    """The trained draft against its serving copy ``served`` (``load_engine_draft``) over a ``steps`` chain."""
+    same = not isinstance(served.lm_head, Int8Linear) and \
+        served.config.draft_vocab_size == trained.config.draft_vocab_size
+    acc_t, acc_s, agree = [], [], []
+    n0 = 0  # step 0's anchors
+    for j, out in enumerate(TTTLoss(trained, steps).unroll(aux, inp.emb)):
+        rows, cols = anchors(inp, prompt_lens, j).nonzero(as_tuple=True)
+        n0 = n0 if j else rows.numel()
+        h = out[rows, cols]  # [n, H] step j's output at its anchors
+        label = inp.target_top[rows, cols + j + 1]  # [n] the target's token step j proposes for
+        pt = trained.to_target_ids(trained.logits(h).argmax(-1))
+        ps = pt if same else served.to_target_ids(served.logits(h).argmax(-1))
+        n = max(rows.numel(), 1)
+        acc_t.append(int((pt == label).sum()) / n)
+        acc_s.append(int((ps == label).sum()) / n)
+        agree.append(int((pt == ps).sum()) / n if rows.numel() else 1.0)
+    return HeadComparison(describe(trained, served), same, acc_t, acc_s, agree, n0)
