@@ -24,9 +24,12 @@ def apply_recipe(args: argparse.Namespace) -> None:
     if not args.regenerate:
         raise EagletError(f"--recipe {args.recipe} sets the data --regenerate writes and the epochs over it; add "
                           "--regenerate, or leave --recipe out")
+    given = getattr(args, "given", set())
     for dest, value in options.RECIPES[args.recipe].items():
-        if dest not in getattr(args, "given", set()):
+        if dest not in given:
             setattr(args, dest, value)
+    if not args.self_prompts and "self_prompt_openers" not in given:  # --self-prompts 0: the recipe's openers go too
+        args.self_prompt_openers = 0.0
 
 
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:

@@ -229,8 +229,11 @@ def test_a_named_recipe_sets_what_the_command_line_leaves_out(tmp_path, monkeypa
     assert main([*base, "--epoch", "1", "--max-new-tokens=128", "--answers", "greedy"]) == 0
     regen, cfg = seen[-1].regen, seen[-1].train
     assert (cfg.epochs, regen.max_new_tokens, regen.answers, regen.self_prompts) == (1, 128, (0.0,), 20000)
+    # No self-prompts: the recipe's openers for them go too (they were refused as openers of nothing).
+    assert main([*base, "--self-prompts", "0"]) == 0
+    assert (seen[-1].regen.self_prompts, seen[-1].regen.self_prompt_openers) == (0, 0.0)
     # Without --regenerate it has nothing to set the data of: one sentence, exit 2, nothing run.
-    assert main([*base[:5], "--recipe", "chat"]) == 2 and len(seen) == 2
+    assert main([*base[:5], "--recipe", "chat"]) == 2 and len(seen) == 3
     assert "--recipe chat sets the data --regenerate writes" in capsys.readouterr().err
 
 
