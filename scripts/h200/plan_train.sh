@@ -11,7 +11,8 @@ stamp "train: --recipe chat ${TRAIN_FLAGS:=--max-samples 48000 --epochs 5}, ${BU
 $E train --target /tmp/smol.gguf --device cuda --data builtin --regenerate --recipe chat $TRAIN_FLAGS \
   --time-budget-min "$BUDGET" --out $R/A
 echo "train rc=$?"
-cp $R/A/*.json $R/A/*.jsonl $S/ 2>/dev/null
+# The run's small files only: its regenerated answers (hundreds of MB) would push res.tgz past what $OUT returns.
+find $R/A -maxdepth 1 -type f -size -4M \( -name '*.json' -o -name '*.jsonl' \) -exec cp {} $S/ \;
 stamp "side by side: eager 6,8,48, the policy off, 20 x 128 a set"
 for d in A shipped; do
   dir=$R/A/draft; [ $d = shipped ] && dir=eaglet/drafts/smollm2-135m
