@@ -1,6 +1,6 @@
 """CaptureSpec: which residual-stream points of the target feed the draft.
 
-The one convention (see DESIGN.md): an ``N``-layer target has points ``0..N``.
+The one convention (the README's "The capture contract"): an ``N``-layer target has points ``0..N``.
 Point ``j`` is the full residual stream entering decoder layer ``j`` (after every
 all-reduce); point 0 is the embedding output, point ``N`` the last layer's output
 before the final norm. Hugging Face ``hidden_states[j]`` equals point ``j`` for j < N.

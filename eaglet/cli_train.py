@@ -36,8 +36,8 @@ def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
     rc = options.RegenConfig
     p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
                    help="rows decoded together (a finished row takes the next prompt at once; default: on a GPU "
-                        "the most, up to 2048, whose KV cache fits 60%% of the free memory; 256 on a CPU or "
-                        "through --endpoint)")
+                        "the most, up to 2048, whose KV cache fits 60%% of the free memory; 256 on a CPU"
+                        + (" or through --endpoint)" if batch_flag == "--batch-size" else ")"))
     p.add_argument("--max-new-tokens", action=Given, type=integer(1), default=rc.max_new_tokens,
                    help="tokens per answer at most")
     p.add_argument("--answers", action=Given, type=answer_list, default=rc.answers, metavar="SETTINGS",
@@ -142,8 +142,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--recipe", choices=sorted(options.RECIPES), default=None,
                    help="with --regenerate: set the data and training flags to a named recipe where not given; "
                         "'chat' is the command that made the shipped SmolLM2 draft (--answers greedy,0.7,1.0 "
-                        "--max-samples 16000 --self-prompts 20000 --self-prompt-openers 0.5 --max-new-tokens 256 "
-                        "--epochs 6; docs/training.md)")
+                        "--max-samples 16000 --self-prompts 20000 --self-prompt-openers 0.5 --follow-ups 0 "
+                        "--max-new-tokens 256 --epochs 6; docs/training.md)")
     _add_regen_options(t, "--regen-batch-size")
     t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,
                    help="time for regeneration (default: while the time left still trains --epochs passes "

@@ -30,7 +30,8 @@ thread's sending runs while the GPU computes instead of taking the GIL while the
 the next launch (the GIL passes at every torch call). A worker about to wait for requests posts
 what is left first. On the H200 at concurrency 1 it made no difference beyond the noise.
 
-Faults: a prompt the context cannot hold fails alone (500), checked before the prefill; when
+Faults: a prompt the context cannot hold is refused by the handler (400 ``context_length_exceeded``); the
+scheduler's own check before the prefill (500, that request alone) is a fallback; when
 the prefill of requests admitted together raises, each is admitted alone, so only a request
 at fault fails (500); an exception inside a step fails the rows of that step's batch, whose
 caches are then discarded, and the worker goes on with a fresh session.

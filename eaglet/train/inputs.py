@@ -1,6 +1,6 @@
 """What one training step needs from the target, computed online or read from offline shards.
 
-Online (the default on GPU for a small target): the frozen target runs on the batch and
+Online (the default: no ``--features``): the frozen target runs on the batch and
 returns its captured points and final hidden state; with a ``FeatureCache``, each
 conversation's are kept after their first forward and read back in later epochs. Offline:
 both come from feature shards (``eaglet data capture``). Either way the target's own LM
