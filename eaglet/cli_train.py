@@ -32,12 +32,14 @@ def apply_recipe(args: argparse.Namespace) -> None:
         args.self_prompt_openers = 0.0
 
 
-def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str) -> None:
+def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str, endpoint: bool) -> None:
+    """The regeneration options of ``data regenerate`` and ``train --regenerate``; ``endpoint``: the command
+    also answers through ``--endpoint``."""
     rc = options.RegenConfig
     p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
                    help="rows decoded together (a finished row takes the next prompt at once; default: on a GPU "
                         "the most, up to 2048, whose KV cache fits 60%% of the free memory; 256 on a CPU"
-                        + (" or through --endpoint)" if batch_flag == "--batch-size" else ")"))
+                        + (" or through --endpoint)" if endpoint else ")"))
     p.add_argument("--max-new-tokens", action=Given, type=integer(1), default=rc.max_new_tokens,
                    help="tokens per answer at most")
     p.add_argument("--answers", action=Given, type=answer_list, default=rc.answers, metavar="SETTINGS",
@@ -80,7 +82,7 @@ def add_training_parsers(sub) -> None:
     r.add_argument("--out", required=True, help="output JSONL; finished records are appended, a rerun resumes")
     r.add_argument("--restart", action="store_true",
                    help="discard OUT and its recorded settings and start over (e.g. with other generation settings)")
-    _add_regen_options(r, "--batch-size")
+    _add_regen_options(r, "--batch-size", endpoint=True)
     r.add_argument("--seed", type=int, default=options.RegenConfig.seed,
                    help="seed of the prompt sample, batch order and sampling")
     r.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
@@ -144,7 +146,7 @@ def _add_train_parser(sub) -> None:
                         "'chat' is the command that made the shipped SmolLM2 draft (--answers greedy,0.7,1.0 "
                         "--max-samples 16000 --self-prompts 20000 --self-prompt-openers 0.5 --follow-ups 0 "
                         "--max-new-tokens 256 --epochs 6; docs/training.md)")
-    _add_regen_options(t, "--regen-batch-size")
+    _add_regen_options(t, "--regen-batch-size", endpoint=False)
     t.add_argument("--regen-budget-min", type=number(0, low_open=True), default=None,
                    help="time for regeneration (default: while the time left still trains --epochs passes "
                         "over the data so far; docs/training.md)")

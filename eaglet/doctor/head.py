@@ -26,7 +26,7 @@ TAU_DROP = 0.1
 @dataclass
 class HeadComparison:
     served: str  # how the engine serves the head, e.g. "int8, the whole vocabulary (24,576 tokens)"
-    same_as_trained: bool  # float, the whole vocabulary: nothing to compare
+    same_as_trained: bool  # float, the whole vocabulary: nothing compared, the lists below empty
     acc_trained: list[float]  # per draft step, over answer anchors
     acc_served: list[float]
     same_top1: list[float]  # the two heads' proposals equal (in target ids)
@@ -52,8 +52,8 @@ def describe(trained, served) -> str:
 def compare_heads(trained, served, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor,
                   steps: int) -> HeadComparison:
     """The trained draft against its serving copy ``served`` (``load_engine_draft``) over a ``steps`` chain."""
-    same = not isinstance(served.lm_head, Int8Linear) and \
-        served.config.draft_vocab_size == trained.config.draft_vocab_size
+    if not isinstance(served.lm_head, Int8Linear) and served.config.draft_vocab_size == trained.config.draft_vocab_size:
+        return HeadComparison(describe(trained, served), True, [], [], [], 0)  # the trained head: nothing to compare
     acc_t, acc_s, agree = [], [], []
     n0 = 0  # step 0's anchors
     for j, out in enumerate(TTTLoss(trained, steps).unroll(aux, inp.emb)):
@@ -62,9 +62,9 @@ def compare_heads(trained, served, aux: torch.Tensor, inp: StepInputs, prompt_le
         h = out[rows, cols]  # [n, H] step j's output at its anchors
         label = inp.target_top[rows, cols + j + 1]  # [n] the target's token step j proposes for
         pt = trained.to_target_ids(trained.logits(h).argmax(-1))
-        ps = pt if same else served.to_target_ids(served.logits(h).argmax(-1))
+        ps = served.to_target_ids(served.logits(h).argmax(-1))
         n = max(rows.numel(), 1)
         acc_t.append(int((pt == label).sum()) / n)
         acc_s.append(int((ps == label).sum()) / n)
         agree.append(int((pt == ps).sum()) / n if rows.numel() else 1.0)
-    return HeadComparison(describe(trained, served), same, acc_t, acc_s, agree, n0)
+    return HeadComparison(describe(trained, served), False, acc_t, acc_s, agree, n0)

