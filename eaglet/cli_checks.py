@@ -322,6 +322,8 @@ def _train(args: Namespace) -> None:
                           "pass the prompts from another file")
     _features("--features", args.features)
     _features("--val-features", args.val_features)
+    if args.init_draft is not None:
+        _draft("--init-draft", args.init_draft)
     regen_only = {"--self-prompts": args.self_prompts, "--self-prompt-openers": args.self_prompt_openers,
                   "--follow-ups": args.follow_ups,
                   "--answers": args.answers != (0.0,), "--regen-budget-min": args.regen_budget_min}

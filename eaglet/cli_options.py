@@ -86,7 +86,8 @@ def train(a: Namespace) -> TrainOptions:
                       val_every=a.val_every, seed=a.seed, autocast=False if a.no_autocast else None,
                       tensorboard=a.tensorboard, aux_norm=a.aux_norm, aux_noise=a.aux_noise,
                       earlier_turns=not a.target_turns_only, compile_loss=a.compile_loss,
-                      fused_ttt_attention=a.fused_ttt_attention, feature_cache=a.feature_cache)
+                      fused_ttt_attention=a.fused_ttt_attention, feature_cache=a.feature_cache,
+                      init_draft=None if a.init_draft in (None, "none") else a.init_draft)
     return TrainOptions(a.out, a.data, _target(a), cfg, _regen(a) if a.regenerate else None, a.features,
                         a.val_features, a.val_fraction, a.time_budget_min, a.regen_budget_min, a.train_tokens_per_s,
                         a.tp)

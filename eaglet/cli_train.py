@@ -194,6 +194,10 @@ def _add_train_parser(sub) -> None:
                    help="tokens per conversation (default: 2048 or the window)")
     t.add_argument("--draft-vocab-size", type=integer(1), default=tc.draft_vocab_size,
                    help="draft vocabulary (default: half the target's, in multiples of 4096, at most 32768)")
+    t.add_argument("--init-draft", default=None, metavar="DRAFT",
+                   help="start from this draft's weights and vocabulary instead of a new draft, to train it on "
+                        "more data ('default': the target's shipped draft; it must read the run's --capture "
+                        "points); a lower --lr keeps more of what it knows (default: a new draft)")
     t.add_argument("--capture", type=point_list, default=tc.capture_points,
                    help="residual-stream points in eaglet's convention (default: EAGLE-3's [2, N//2, N-3])")
     t.add_argument("--save-every", type=integer(1), default=tc.save_every, help="checkpoint every N steps")

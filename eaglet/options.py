@@ -170,6 +170,7 @@ class TrainConfig:
     autocast: bool | None = None  # bf16 autocast; None: on CUDA only
     tensorboard: bool = False
     init_from_target: bool = True  # start the LM head from the target's rows for the draft vocabulary
+    init_draft: str | None = None  # start from this draft's weights and vocabulary ('default': the shipped one)
     # RMS-normalise each captured point before fc (stored in the draft; eaglet-only, other engines lack it).
     # On by default: +0.23 predicted accept length at equal training time (docs/training.md, ablation).
     aux_norm: bool = True

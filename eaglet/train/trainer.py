@@ -25,13 +25,14 @@ from eaglet.data.dataset import TokenData, length_batches
 from eaglet.data.features import FeatureSet
 from eaglet.data.prompts import note
 from eaglet.draft.checkpoint import MAX_SHARD_BYTES, save_draft
-from eaglet.draft.compat import target_identity
+from eaglet.draft.compat import load_draft_for, target_identity
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab, token_counts
 from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
 from eaglet.options import TrainConfig, on_cuda_unless_given
+from eaglet.speculative.load import resolve_draft
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
 from eaglet.train.evaluate import score, unroll
 from eaglet.train.feature_cache import FeatureCache, caches_for
@@ -60,16 +61,13 @@ class Trainer:
         for src in (train, val):
             if isinstance(src, FeatureSet):
                 src.check(target, self.capture)
-        size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size)
         dev = dist.device
-        with torch.random.fork_rng(devices=[]), torch.device(dev):
-            torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
-            self.draft = Eagle3Draft(replace(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm),
-                                             vocab_by_frequency=True))
+        init = self._initial_draft()
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
                         "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {}),
-                        "vocab_order": "frequency"}
+                        "vocab_order": "frequency" if self.draft.config.vocab_by_frequency else "id",
+                        **({"init_draft": str(init)} if init else {})}
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step, self.epoch, self.batch_pos = 0, 0, 0
@@ -77,8 +75,12 @@ class Trainer:
         info = read_info(out / "checkpoint")
         if info is not None:
             self._resume(info)
-        else:
+        elif init is None:
             self._init_vocab()
+        elif dist.main:
+            counts = token_counts(train.ids, train.mask, tc.vocab_size)
+            note(f"starting from the draft at {init}: its vocabulary of {self.draft.config.draft_vocab_size} tokens "
+                 f"covers {100 * coverage(counts, self.draft.vocab_ids().cpu()):.2f}% of this data's answer tokens")
         draft_ids = self.draft.vocab_ids()
         max_len = cfg.seq_len(tc.max_position_embeddings)
         train_cache, val_cache = self._feature_caches(train, val)
@@ -100,6 +102,34 @@ class Trainer:
             self.total = min(self.total, cfg.max_steps)
 
     # --- setup ---------------------------------------------------------------------------
+
+    def _initial_draft(self) -> Path | None:
+        """Sets ``self.draft``: a new one from the seed, or with ``init_draft`` that draft's weights and vocabulary
+        (fine-tuning it on this run's data), refused unless it reads this run's capture points, norms them as this
+        run would and keeps any --draft-vocab-size asked for. Returns the draft directory started from, if any."""
+        cfg, tc, dev = self.cfg, self.target.config, self.dist.device
+        if cfg.init_draft is None:
+            size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size)
+            with torch.random.fork_rng(devices=[]), torch.device(dev):
+                torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
+                self.draft = Eagle3Draft(replace(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm),
+                                                 vocab_by_frequency=True))
+            return None
+        path = resolve_draft(cfg.init_draft, self.target)
+        if path is None:
+            raise EagletError(f"--init-draft default: no draft ships for {self.target.name}; give a draft directory")
+        draft = load_draft_for(path, self.target, dev)[0]
+        c, bad = draft.config, []
+        if c.capture.points != self.capture.points:
+            bad.append(f"it reads points {list(c.capture.points)}, this run {list(self.capture.points)} (--capture)")
+        if c.aux_norm != cfg.aux_norm:
+            bad.append(f"it was trained {'with' if c.aux_norm else 'without'} --aux-norm")
+        if cfg.draft_vocab_size not in (None, c.draft_vocab_size):
+            bad.append(f"its vocabulary has {c.draft_vocab_size} tokens, not --draft-vocab-size {cfg.draft_vocab_size}")
+        if bad:
+            raise EagletError(f"--init-draft {path} does not fit this run: {'; '.join(bad)}")
+        self.draft = draft.float().train()
+        return path
 
     def _init_vocab(self) -> None:
         tc, d = self.target.config, self.draft

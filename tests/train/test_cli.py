@@ -43,6 +43,11 @@ def test_user_errors_are_one_line(tiny_target_dir, tmp_path, capsys):
     assert "argument --lr: expected a number > 0, got '-1'" in capsys.readouterr().err
     assert main(["draft", "import", str(tmp_path), str(tmp_path / "x"), *target]) == 2
     assert "not a draft directory" in capsys.readouterr().err
+    asks = write_jsonl(tmp_path / "asks.jsonl", [{"messages": list(p.messages)} for p in prompts(2, seed=1)])
+    assert main(["train", *target, "--data", str(asks), "--regenerate", "--out", str(tmp_path / "run"),
+                 "--init-draft", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("eaglet: error: --init-draft: ") and "nothing is not a draft directory" in err[-1]
 
 
 def test_torchrun_data_parallel_on_cpu(tiny_target_dir, tmp_path):

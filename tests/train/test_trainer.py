@@ -94,6 +94,32 @@ def test_resume_continues_exactly(tiny_target, regenerated, tmp_path, monkeypatc
         run_train(tiny_target, data, cut, TrainConfig(max_steps=9, draft_vocab_size=128, **FAST))
 
 
+def test_a_run_can_start_from_a_trained_draft(tiny_target, regenerated, tmp_path):
+    """--init-draft: the run starts from that draft's weights and vocabulary (a learning rate too small to move
+    them exports the same draft), its checkpoint resumes only with the same start, and a draft that does not fit
+    the run is refused naming each difference."""
+    first = tmp_path / "first"
+    first.mkdir()
+    run_train(tiny_target, _fresh(regenerated, first), first, TrainConfig(max_steps=20, val_every=100,
+                                                                         draft_vocab_size=128, **FAST))
+    second = tmp_path / "second"
+    second.mkdir()
+    data = _fresh(regenerated, second)
+    still = {**FAST, "lr": 1e-12}
+    run_train(tiny_target, data, second, TrainConfig(max_steps=1, init_draft=str(first / "draft"), **still))
+    a = load_draft_for(first / "draft", tiny_target)[0].state_dict()
+    b = load_draft_for(second / "draft", tiny_target)[0].state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=k)
+    with pytest.raises(EagletError, match="other settings"):
+        run_train(tiny_target, data, second, TrainConfig(max_steps=2, draft_vocab_size=128, **still))
+    with pytest.raises(EagletError, match=r"does not fit this run: it was trained with --aux-norm; its vocabulary "
+                                          r"has 128 tokens, not --draft-vocab-size 64"):
+        run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=1, init_draft=str(first / "draft"),
+                                                           aux_norm=False, draft_vocab_size=64, **FAST))
+
+
 def test_time_budget_still_exports(tiny_target, regenerated, tmp_path):
     data = _fresh(regenerated, tmp_path)
     res = run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=50, **FAST), time_budget_s=1e-3)
