@@ -62,7 +62,7 @@ class Trainer:
             if isinstance(src, FeatureSet):
                 src.check(target, self.capture)
         dev = dist.device
-        init = self._initial_draft()
+        self.init = init = self._initial_draft()
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
                         "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {}),
@@ -192,6 +192,11 @@ class Trainer:
         bar = tqdm(total=self.total, initial=self.step, desc="train", unit="step",
                    disable=not (cfg.progress and d.main), dynamic_ncols=True)
         tokens, val_row, val_seconds = 0, None, 0.0
+        start_row = None
+        if self.init is not None and self.step == 0 and self.val_src is not None:
+            # Where the draft started on this run's validation set: the end is judged against it.
+            start_row, val_seconds = self._validate(log)
+            val_row = start_row
         stopped_by_clock = False
         with stop_on_signal("training step") as stop:
             while self.step < self.total and self.epoch < cfg.epochs:
@@ -241,6 +246,7 @@ class Trainer:
         result = {"steps": self.step, "epochs_done": self.epoch + self.batch_pos / max(self.batches_per_epoch, 1),
                   "stopped_by_clock": stopped_by_clock, "tokens_this_run": tokens * d.world,
                   "seconds_this_run": round(time.time() - start, 1), "val": val_row,
+                  **({"val_at_start": start_row} if start_row else {}),
                   "train_conversations": len(self.train_src), "ttt_steps": cfg.ttt_steps,
                   "device": str(d.device), "world_size": d.world, "config": _jsonable(asdict(cfg))}
         if d.device.type == "cuda":

@@ -96,8 +96,8 @@ def test_resume_continues_exactly(tiny_target, regenerated, tmp_path, monkeypatc
 
 def test_a_run_can_start_from_a_trained_draft(tiny_target, regenerated, tmp_path):
     """--init-draft: the run starts from that draft's weights and vocabulary (a learning rate too small to move
-    them exports the same draft), its checkpoint resumes only with the same start, and a draft that does not fit
-    the run is refused naming each difference."""
+    them exports the same draft and validates as it started), its checkpoint resumes only with the same start,
+    and a draft that does not fit the run is refused naming each difference."""
     first = tmp_path / "first"
     first.mkdir()
     run_train(tiny_target, _fresh(regenerated, first), first, TrainConfig(max_steps=20, val_every=100,
@@ -106,7 +106,9 @@ def test_a_run_can_start_from_a_trained_draft(tiny_target, regenerated, tmp_path
     second.mkdir()
     data = _fresh(regenerated, second)
     still = {**FAST, "lr": 1e-12}
-    run_train(tiny_target, data, second, TrainConfig(max_steps=1, init_draft=str(first / "draft"), **still))
+    res = run_train(tiny_target, data, second, TrainConfig(max_steps=1, init_draft=str(first / "draft"), **still))
+    # It is validated before its first step too, on this run's validation set: the start to judge the end by.
+    assert res["val_at_start"]["step"] == 0 and res["val_at_start"]["acc_0"] == res["val"]["acc_0"]
     a = load_draft_for(first / "draft", tiny_target)[0].state_dict()
     b = load_draft_for(second / "draft", tiny_target)[0].state_dict()
     assert a.keys() == b.keys()
