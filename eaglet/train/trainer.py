@@ -6,7 +6,8 @@ cosine's progress is the larger of the step fraction and, under a time budget, t
 elapsed fraction of the budget, so a run stopped by the clock has already decayed.
 
 Outputs in ``out``: ``train_log.jsonl``, ``acc.png``, ``checkpoint/`` (resume state),
-``draft/`` (the exported draft, bf16 shards of at most 16 MiB) and, with TensorBoard,
+``draft/`` (the exported draft, bf16 shards of at most 16 MiB; also written with each checkpoint, its summary
+marked ``in_progress``, until the end's export replaces it) and, with TensorBoard,
 ``tensorboard/``. A run whose ``checkpoint/`` exists resumes from it.
 """
 
@@ -71,6 +72,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
         self.step, self.epoch, self.batch_pos = 0, 0, 0
+        self.last_val: dict | None = None  # the latest validation row, for the in-progress exports
         self.fingerprint = _fingerprint(train)
         info = read_info(out / "checkpoint")
         if info is not None:
@@ -242,7 +244,7 @@ class Trainer:
         bar.close()
         if self.val_src is not None and (val_row is None or val_row["step"] != self.step):
             val_row, _ = self._validate(log)
-        self._save(log)
+        self._save(log, export=False)  # the export below replaces it
         result = {"steps": self.step, "epochs_done": self.epoch + self.batch_pos / max(self.batches_per_epoch, 1),
                   "stopped_by_clock": stopped_by_clock, "tokens_this_run": tokens * d.world,
                   "seconds_this_run": round(time.time() - start, 1), "val": val_row,
@@ -252,18 +254,24 @@ class Trainer:
         if d.device.type == "cuda":
             result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated(d.device) / 2**30, 1)
         if d.main:
-            # A draft with aux_norm runs in eaglet only anyway: a tensor over 16 MiB goes in row blocks, so every
-            # shard still passes size-limited channels. Without it the draft is for other engines too: whole
-            # tensors, in larger shards where one needs it.
-            largest = max(2 * p.numel() for p in self.draft.parameters())  # bf16 bytes
-            whole = not self.draft.config.aux_norm and largest > MAX_SHARD_BYTES
-            if whole:
-                note(f"a draft tensor takes {largest >> 20} MiB in bf16; exporting whole tensors in shards of up "
-                     "to 4 GiB (other engines read no row blocks)")
-            save_draft(self.draft, self.out / "draft", target=target_identity(self.target), extra={"training": result},
-                       max_shard_bytes=4 << 30 if whole else MAX_SHARD_BYTES, split_rows=self.draft.config.aux_norm)
+            self._export(result, final=True)
             log.close()
         return result
+
+    def _export(self, training: dict, final: bool) -> None:
+        """Write the draft to OUT/draft with ``training`` as its summary: at the end, and at each checkpoint (marked
+        in progress), so a run that never ends, its machine lost or its job killed, still leaves a draft to serve or
+        to start another run from (--init-draft)."""
+        # A draft with aux_norm runs in eaglet only anyway: a tensor over 16 MiB goes in row blocks, so every
+        # shard still passes size-limited channels. Without it the draft is for other engines too: whole
+        # tensors, in larger shards where one needs it.
+        largest = max(2 * p.numel() for p in self.draft.parameters())  # bf16 bytes
+        whole = not self.draft.config.aux_norm and largest > MAX_SHARD_BYTES
+        if whole and final:
+            note(f"a draft tensor takes {largest >> 20} MiB in bf16; exporting whole tensors in shards of up "
+                 "to 4 GiB (other engines read no row blocks)")
+        save_draft(self.draft, self.out / "draft", target=target_identity(self.target), extra={"training": training},
+                   max_shard_bytes=4 << 30 if whole else MAX_SHARD_BYTES, split_rows=self.draft.config.aux_norm)
 
     def _interrupted(self, log: RunLog | None, bar: tqdm) -> None:
         """A signal asked to stop (eaglet.interrupt): checkpoint this step and say how to resume."""
@@ -292,6 +300,7 @@ class Trainer:
                       self.cfg.ttt_steps, d.device)
         row = summarize(all_sum(total, d), self.cfg.decay)
         row.update(step=self.step, split="val")
+        self.last_val = row
         if log is not None:
             log.write(row)
             accs = " ".join(f"acc_{j}={row[f'acc_{j}']:.3f}" for j in range(self.cfg.ttt_steps))
@@ -300,13 +309,16 @@ class Trainer:
                        f"{SERVE_WINDOW}: acc_0={row['acc_serve_0']:.3f} tau={row['tau_serve']:.2f})", file=sys.stderr)
         return row, time.perf_counter() - t0
 
-    def _save(self, log: RunLog | None) -> None:
+    def _save(self, log: RunLog | None, export: bool = True) -> None:
         if not self.dist.main:
             return
         info = {"step": self.step, "epoch": self.epoch, "batch": self.batch_pos, "run": self.run_key,
                 "data": self.fingerprint, "config": _jsonable(asdict(self.cfg))}
         save_state(self.out / "checkpoint", self.draft, self.opt, info)
         plot_accuracy(log.path, self.out / "acc.png")
+        if export:
+            self._export({"in_progress": True, "steps": self.step, "of_steps": self.total, "val": self.last_val},
+                         final=False)
 
 
 def _fingerprint(src: TokenData | FeatureSet) -> str:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # On the H200: follow the plan for $1 seconds or until it has ended (/tmp/eg/DONE; a later call then returns at once),
-# then send back through $OUT its log, /tmp/eg/res as res.tgz and the draft /tmp/runs/A/draft once exported
+# then send back through $OUT its log, /tmp/eg/res as res.tgz and the draft /tmp/runs/A/draft once written (the
+# latest checkpoint's while training runs)
 # (ALL=1: also the small files of /tmp/runs/A). At most 8 files come back: draft (5) + log + res + runA.
 end=$((SECONDS + $1))
 last=0
@@ -15,7 +16,13 @@ echo "=== $(date +%T) done=$([ -f /tmp/eg/DONE ] && echo yes || echo no)"
 tail -c 5000 /tmp/eg/log
 cp /tmp/eg/log "$OUT/log.txt" 2>/dev/null
 tar -czf "$OUT/res.tgz" -C /tmp/eg res 2>/dev/null
-if [ -f /tmp/runs/A/draft/config.json ]; then mkdir -p "$OUT/draft" && cp /tmp/runs/A/draft/* "$OUT/draft/"; fi
+# A checkpoint replaces the draft directory whole (a new inode): copy again if that happened during the copy.
+for _ in 1 2 3; do
+  [ -f /tmp/runs/A/draft/config.json ] || break
+  ino=$(stat -c %i /tmp/runs/A/draft)
+  rm -rf "$OUT/draft" && mkdir -p "$OUT/draft" && cp /tmp/runs/A/draft/* "$OUT/draft/"
+  [ "$(stat -c %i /tmp/runs/A/draft)" = "$ino" ] && break
+done
 if [ "$ALL" = 1 ] && [ -d /tmp/runs/A ]; then
   (cd /tmp/runs/A && find . -maxdepth 1 -type f -size -4M | tar -czf "$OUT/runA.tgz" -T -)
 fi

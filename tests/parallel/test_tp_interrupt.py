@@ -52,7 +52,9 @@ def test_ctrl_c_under_tp_saves_and_resumes(chat_dirs, tmp_path):  # noqa: F811
     assert last.startswith("eaglet: interrupted: training stopped at step"), last
     assert "run the same command again" in last, last
     saved = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
-    assert 2 <= saved < 60 and not (run / "draft").exists()
+    assert 2 <= saved < 60
+    partial = json.loads((run / "draft" / "config.json").read_text())["eaglet"]["training"]
+    assert partial["in_progress"] and partial["steps"] == saved  # written by rank 0 alone, with the checkpoint
     assert f"step {saved} of 60" in last
 
     resumed = _cli(*args)
@@ -60,4 +62,4 @@ def test_ctrl_c_under_tp_saves_and_resumes(chat_dirs, tmp_path):  # noqa: F811
     assert f"resuming from step {saved}" in resumed.stderr
     steps = [r["step"] for r in _train_rows(run)]
     assert steps == list(range(1, 61)), "every step once: none lost, none repeated"
-    assert (run / "draft" / "config.json").is_file()
+    assert "in_progress" not in json.loads((run / "draft" / "config.json").read_text())["eaglet"]["training"]

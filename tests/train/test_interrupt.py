@@ -44,7 +44,9 @@ def test_train_interrupted_resumes_from_the_interrupted_step(tiny_target_dir, tm
     err = capsys.readouterr().err
     assert "training stopped at step 5 of 12" in err and "run the same command again" in err
     assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 5
-    assert sorted(_losses(run)) == [1, 2, 3, 4, 5] and not (run / "draft").exists()
+    assert sorted(_losses(run)) == [1, 2, 3, 4, 5]
+    partial = json.loads((run / "draft" / "config.json").read_text())["eaglet"]["training"]
+    assert partial["in_progress"] and partial["steps"] == 5  # the checkpoint's draft, marked as such
 
     assert main([*args, "--out", str(run)]) == 0
     assert "resuming from step 5" in capsys.readouterr().err
@@ -52,7 +54,7 @@ def test_train_interrupted_resumes_from_the_interrupted_step(tiny_target_dir, tm
     assert sorted(resumed) == list(range(1, 13))
     for step, loss in reference.items():  # the curve continues exactly where it stopped
         assert abs(resumed[step] - loss) < 1e-4 * max(1.0, abs(loss)), step
-    assert (run / "draft" / "config.json").is_file()
+    assert "in_progress" not in json.loads((run / "draft" / "config.json").read_text())["eaglet"]["training"]
 
 
 def _regen_args(tiny_target_dir, tmp_path, n: int, out: str = "r.jsonl"):

@@ -80,6 +80,9 @@ def test_resume_continues_exactly(tiny_target, regenerated, tmp_path, monkeypatc
     monkeypatch.setattr(Trainer, "_save", crash_after_step_6)
     with pytest.raises(KeyboardInterrupt):
         run_train(tiny_target, data, cut, cfg)
+    # The run cut short still leaves its latest checkpoint's draft, servable and marked as such.
+    partial = load_draft_for(cut / "draft", tiny_target)[1]["eaglet"]["training"]
+    assert partial["in_progress"] and (partial["steps"], partial["of_steps"]) == (6, 8)
     monkeypatch.setattr(Trainer, "_save", save)
     res = run_train(tiny_target, data, cut, cfg)
     assert res["steps"] == 8
@@ -90,6 +93,7 @@ def test_resume_continues_exactly(tiny_target, regenerated, tmp_path, monkeypatc
     steps = [json.loads(line)["step"] for line in (cut / "train_log.jsonl").read_text().splitlines()
              if json.loads(line)["split"] == "train"]
     assert steps == list(range(1, 9))  # nothing lost, nothing logged twice
+    assert "in_progress" not in json.loads((cut / "draft" / "config.json").read_text())["eaglet"]["training"]
     with pytest.raises(EagletError, match="other settings"):
         run_train(tiny_target, data, cut, TrainConfig(max_steps=9, draft_vocab_size=128, **FAST))
 
