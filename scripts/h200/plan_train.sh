@@ -1,7 +1,9 @@
 #!/bin/bash
 # An H200 plan (start.sh 400 plan_train.sh): issue 12's one-command draft, then the new draft beside the shipped
 # one on both prompt sets (eager 6,8,48, the policy off, 20 x 128 a set), then pick.py's verdict.
-# TRAIN_FLAGS overrides the flags after --recipe chat; BUDGET the minutes (the whole command's).
+# TRAIN_FLAGS overrides the flags after --recipe chat; BUDGET the minutes (the whole command's). SHIPPED_REPORT: the
+# shipped draft's bench report of an earlier H200 session (the same command) instead of benching it again, when its
+# directory holds another draft for this run (a draft carried on with --init-draft) or to save the minute.
 R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
@@ -15,6 +17,7 @@ echo "train rc=$?"
 find $R/A -maxdepth 1 -type f -size -4M \( -name '*.json' -o -name '*.jsonl' \) -exec cp {} $S/ \;
 stamp "side by side: eager 6,8,48, the policy off, 20 x 128 a set"
 for d in A shipped; do
+  if [ $d = shipped ] && [ -n "$SHIPPED_REPORT" ]; then cp "$SHIPPED_REPORT" $S/accept_shipped.json; continue; fi
   dir=$R/A/draft; [ $d = shipped ] && dir=eaglet/drafts/smollm2-135m
   $E bench --target /tmp/smol.gguf --draft $dir --prompts builtin,eaglet/data/corpus/other_prompts.jsonl \
     --limit 20 --max-new-tokens 128 --methods spec --num-steps 6 --tree-topk 8 --num-draft-tokens 48 \
