@@ -63,7 +63,7 @@ class Trainer:
             if isinstance(src, FeatureSet):
                 src.check(target, self.capture)
         dev = dist.device
-        self.init = init = self._initial_draft()
+        self.started_from = init = self._initial_draft()
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
                         "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {}),
@@ -195,7 +195,7 @@ class Trainer:
                    disable=not (cfg.progress and d.main), dynamic_ncols=True)
         tokens, val_row, val_seconds = 0, None, 0.0
         start_row = None
-        if self.init is not None and self.step == 0 and self.val_src is not None:
+        if self.started_from is not None and self.step == 0 and self.val_src is not None:
             # Where the draft started on this run's validation set: the end is judged against it.
             start_row, val_seconds = self._validate(log)
             val_row = start_row
