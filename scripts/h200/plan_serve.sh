@@ -1,12 +1,15 @@
 #!/bin/bash
 # An H200 plan (start.sh 400 plan_serve.sh, after wheels.sh install): issue 13's server at concurrency 1 against
 # the offline bench on the same prompts (serve_matrix.sh), then issue 11's batch 64 on both prompt sets.
+# ONLY=b64 runs the second part alone (no server: wheels.sh install is not needed then).
 R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
-stamp "c1: the server against offline, 64 bench prompts, 256 tokens"
-SIZES=1 LEVELS=1 N=64 DRAFTS=default OFFLINE=1 RUN_TIMEOUT=400 bash scripts/serve_matrix.sh /tmp/smol.gguf $R/c1
-cp -r $R/c1 $S/c1
+if [ "$ONLY" != b64 ]; then
+  stamp "c1: the server against offline, 64 bench prompts, 256 tokens"
+  SIZES=1 LEVELS=1 N=64 DRAFTS=default OFFLINE=1 RUN_TIMEOUT=400 bash scripts/serve_matrix.sh /tmp/smol.gguf $R/c1
+  cp -r $R/c1 $S/c1
+fi
 stamp "batch 64, both sets, plain and spec"
 $E bench --target /tmp/smol.gguf --prompts builtin,eaglet/data/corpus/other_prompts.jsonl \
   --methods plain,spec --batch-size 64 --out $R/b64
