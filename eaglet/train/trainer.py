@@ -212,15 +212,10 @@ class Trainer:
                         stopped_by_clock = True
                         break
                     t0 = time.perf_counter()
-                    inp = self.train_feats(batches[self.batch_pos])
-                    if cfg.aux_noise:  # EAGLE's feature noise: the draft learns to read imperfect features
-                        inp = replace(inp, aux=inp.aux + (torch.rand_like(inp.aux) * 2 - 1) * cfg.aux_noise)
                     lr = lr_at(cfg, self.step, self.total, (now - start) / span if span else 0.0)
                     for g in self.opt.param_groups:
                         g["lr"] = lr
-                    loss, stats = self._forward(inp, self.model)
-                    self.opt.zero_grad(set_to_none=True)
-                    loss.backward()
+                    inp, stats = self._backward(batches[self.batch_pos])
                     gnorm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
                     self.opt.step()
                     self.step += 1
@@ -257,6 +252,36 @@ class Trainer:
             self._export(result, final=True)
             log.close()
         return result
+
+    def _backward(self, batch: list[int]) -> tuple[StepInputs, torch.Tensor]:
+        """The batch's inputs and loss statistics, its gradients computed. A single-process run whose GPU runs out
+        of memory beside the kept features (their share is estimated before the first step: session 33's H100
+        ran out at the second) drops them and does the step again, then goes on recomputing every batch's
+        features as a run that keeps none (ranks that skipped a backward would leave the others waiting)."""
+        try:
+            return self._backward_once(batch)
+        except torch.OutOfMemoryError:
+            cache = self.train_feats.cache
+            if self.dist.enabled or cache is None or cache.buf is None:
+                raise
+            kept = cache.used
+        # Outside the except block: its traceback holds the failed step's tensors.
+        self.train_feats.cache = cache.buf = None
+        self.opt.zero_grad(set_to_none=True)
+        if self.dist.device.type == "cuda":
+            torch.cuda.empty_cache()
+        tqdm.write(f"eaglet: out of GPU memory beside the features of {kept:,} training tokens kept in memory; they "
+                   "are dropped and recomputed from here on (--no-feature-cache keeps none)", file=sys.stderr)
+        return self._backward_once(batch)
+
+    def _backward_once(self, batch: list[int]) -> tuple[StepInputs, torch.Tensor]:
+        inp = self.train_feats(batch)
+        if self.cfg.aux_noise:  # EAGLE's feature noise: the draft learns to read imperfect features
+            inp = replace(inp, aux=inp.aux + (torch.rand_like(inp.aux) * 2 - 1) * self.cfg.aux_noise)
+        loss, stats = self._forward(inp, self.model)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return inp, stats
 
     def _export(self, training: dict, final: bool) -> None:
         """Write the draft to OUT/draft with ``training`` as its summary: at the end, and at each checkpoint (marked

@@ -98,3 +98,38 @@ def test_training_with_kept_features_learns_what_it_learns_without(tiny_target, 
     for a, b in zip(logs[True], logs[False]):
         assert a["split"] == b["split"] and a["step"] == b["step"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]
+
+
+def test_out_of_memory_beside_the_kept_features_drops_them_and_goes_on(tiny_target, tmp_path, monkeypatch, capsys):
+    """A step that runs out of memory once the cache holds features: the cache is dropped, the step done again,
+    and the run ends with every step, recomputing the features from there on."""
+    train = token_data(tiny_target, 16, 42)
+    trainer = Trainer(TrainConfig(epochs=2, feature_cache=True, **FAST), tiny_target, train, None, tmp_path)
+    forward, failed = trainer._forward, []
+
+    def fail_once(inp, model):
+        if trainer.step == 3 and not failed:
+            failed.append(trainer.train_feats.cache.used)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(inp, model)
+
+    monkeypatch.setattr(trainer, "_forward", fail_once)
+    res = trainer.run()
+    assert failed and failed[0] > 0
+    assert res["steps"] == trainer.total and res["epochs_done"] == 2
+    assert trainer.train_feats.cache is None
+    assert f"features of {failed[0]:,} training tokens" in capsys.readouterr().err
+    steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, trainer.total + 1))
+
+
+def test_out_of_memory_without_kept_features_is_raised(tiny_target, tmp_path, monkeypatch):
+    trainer = Trainer(TrainConfig(epochs=1, feature_cache=False, **FAST), tiny_target, token_data(tiny_target, 8, 42),
+                      None, tmp_path)
+
+    def fail(inp, model):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(trainer, "_forward", fail)
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.run()
