@@ -25,6 +25,7 @@ from tqdm import tqdm
 from eaglet.data.dataset import TokenData, length_batches
 from eaglet.data.features import FeatureSet
 from eaglet.data.prompts import note
+from eaglet.data.refill import release_memory
 from eaglet.draft.checkpoint import MAX_SHARD_BYTES, save_draft
 from eaglet.draft.compat import load_draft_for, target_identity
 from eaglet.draft.model import DraftConfig, Eagle3Draft
@@ -268,8 +269,7 @@ class Trainer:
         # Outside the except block: its traceback holds the failed step's tensors.
         self.train_feats.cache = cache.buf = None
         self.opt.zero_grad(set_to_none=True)
-        if self.dist.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory()
         tqdm.write(f"eaglet: out of GPU memory beside the features of {kept:,} training tokens kept in memory; they "
                    "are dropped and recomputed from here on (--no-feature-cache keeps none)", file=sys.stderr)
         return self._backward_once(batch)
