@@ -51,6 +51,11 @@ class FeatureCache:
         self.spans[i] = (self.used, n)
         self.used += n
 
+    def drop(self) -> int:
+        """Let go of the buffer (the caller stops using this cache); the tokens it held."""
+        kept, self.buf, self.spans, self.used = self.used, None, {}, 0
+        return kept
+
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Conversation ``i``'s (aux [n, k*H], hidden [n, H]), views of the buffer."""
         at, n = self.spans[i]

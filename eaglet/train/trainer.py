@@ -265,9 +265,8 @@ class Trainer:
             cache = self.train_feats.cache
             if self.dist.enabled or cache is None or cache.buf is None:
                 raise
-            kept = cache.used
         # Outside the except block: its traceback holds the failed step's tensors.
-        self.train_feats.cache = cache.buf = None
+        self.train_feats.cache, kept = None, cache.drop()
         self.opt.zero_grad(set_to_none=True)
         release_memory()
         tqdm.write(f"eaglet: out of GPU memory beside the features of {kept:,} training tokens kept in memory; they "
