@@ -3,8 +3,9 @@
     python scripts/h200/pick.py NEW/report.json SHIPPED/report.json
 
 Beside each set's difference, a 95% interval from a paired bootstrap over its prompts (both reports ran the same
-prompts): the set's accept length is its tokens over its verifies, so prompts are resampled with both drafts'
-tokens and verifies together. NEW when some set's interval lies above 0 and none lies below it, else KEEP.
+prompts): a set's accept length pools its verifies, so each resample pools its prompts' tokens over their verifies
+(a report keeps a prompt's tokens and mean accept length, not its verifies: their ratio stands in for them).
+NEW when some set's interval lies above 0 and none lies below it, else KEEP.
 Twenty prompts a set read differences of ~0.1 that the interval shows as noise (session 34: -0.14 on the other
 set, [-0.35, +0.05]); session 27's +0.30 on it, [+0.06, +0.54], was a gain. Reports without per-prompt records:
 NEW when the mean over the sets is at least 0.05 higher and no set is more than 0.05 lower (the rule before).
@@ -32,12 +33,13 @@ def interval(new: dict, old: dict, rng: random.Random) -> tuple[float, float] | 
     keys = sorted(new.keys() & old.keys())
     if len(keys) < 2:
         return None
+    def pooled(side: dict, pick: list[int]) -> float:
+        return sum(side[k][0] for k in pick) / sum(side[k][1] for k in pick)
+
     diffs = []
     for _ in range(RESAMPLES):
         pick = [rng.choice(keys) for _ in keys]
-        a = sum(new[k][0] for k in pick) / sum(new[k][1] for k in pick)
-        b = sum(old[k][0] for k in pick) / sum(old[k][1] for k in pick)
-        diffs.append(a - b)
+        diffs.append(pooled(new, pick) - pooled(old, pick))
     diffs.sort()
     return diffs[int(0.025 * RESAMPLES)], diffs[int(0.975 * RESAMPLES) - 1]
 
@@ -45,12 +47,12 @@ def interval(new: dict, old: dict, rng: random.Random) -> tuple[float, float] | 
 def main() -> None:
     new, old = (json.load(open(p)) for p in sys.argv[1:3])
     rng, diffs, bands = random.Random(0), [], []
+    paired = "prompts" in new and "prompts" in old
     for name, got in new["by_set"].items():
         a = got["methods"]["spec"]["accept_length"]
         b = old["by_set"][name]["methods"]["spec"]["accept_length"]
         diffs.append(a - b)
-        ci = interval(per_prompt(new, name), per_prompt(old, name), rng) if "prompts" in new and "prompts" in old \
-            else None
+        ci = interval(per_prompt(new, name), per_prompt(old, name), rng) if paired else None
         bands.append(ci)
         band = f"  95% [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
         print(f"{name:16s} new {a:.2f}  shipped {b:.2f}  {a - b:+.2f}{band}")
