@@ -59,3 +59,11 @@ def test_reports_without_prompts_fall_back_to_the_threshold_rule(tmp_path, capsy
     new, old = _report({"a": [4.2] * 5, "b": [3.2] * 5}), _report({"a": [4.0] * 5, "b": [3.0] * 5})
     del new["prompts"], old["prompts"]
     assert _verdict(tmp_path, new, old, capsys, monkeypatch) == "verdict: NEW"
+
+
+def test_a_prompts_own_verifies_are_used_where_the_report_keeps_them():
+    rows = [{"index": 0, "set": "a", "methods": {"spec": {"tokens": 100, "accept_length": 4.0, "verifies": 26}}},
+            {"index": 1, "set": "a", "methods": {"spec": {"tokens": 100, "accept_length": 4.0}}}]
+    got = pick.per_prompt({"prompts": rows}, "a")
+    assert got[0] == (104.0, 26)  # the stop cut the last verify's tokens: 26 x 4.0 accepted, 100 emitted
+    assert got[1] == (100.0, 25.0)  # an older report: tokens over the mean accept length

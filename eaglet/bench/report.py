@@ -101,6 +101,7 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
                 "tokens": len(x.tokens), "seconds": round(x.seconds, 4), "tokens_per_s": round(x.tokens_per_s, 3),
                 "finish_reason": x.finish_reason,
                 "accept_length": round(sum(x.accept_lengths) / len(x.accept_lengths), 4) if x.accept_lengths else None,
+                "verifies": len(x.accept_lengths),
                 "text": texts[m][i],
             }
         if same is not None:

@@ -3,8 +3,9 @@
     python scripts/h200/pick.py NEW/report.json SHIPPED/report.json
 
 Beside each set's difference, a 95% interval from a paired bootstrap over its prompts (both reports ran the same
-prompts): a set's accept length pools its verifies, so each resample pools its prompts' tokens over their verifies
-(a report keeps a prompt's tokens and mean accept length, not its verifies: their ratio stands in for them).
+prompts): a set's accept length pools its verifies, so each resample divides its prompts' accepted tokens (verifies
+times mean accept length) by their verifies. Reports written before session 35 keep no per-prompt verifies; a
+prompt's tokens over its mean accept length stand in for them there.
 NEW when some set's interval lies above 0 and none lies below it, else KEEP.
 Twenty prompts a set read differences of ~0.1 that the interval shows as noise (session 34: -0.14 on the other
 set, [-0.35, +0.05]); session 27's +0.30 on it, [+0.06, +0.54], was a gain. Reports without per-prompt records:
@@ -19,12 +20,13 @@ RESAMPLES = 2000
 
 
 def per_prompt(report: dict, name: str) -> dict[int, tuple[int, float]]:
-    """prompt index -> (tokens, verifies) of the spec method, for the prompts of set ``name``."""
+    """prompt index -> (accepted tokens, verifies) of the spec method, for the prompts of set ``name``."""
     out = {}
     for p in report["prompts"]:
         m = p["methods"]["spec"]
         if p["set"] == name and m["accept_length"]:
-            out[p["index"]] = (m["tokens"], m["tokens"] / m["accept_length"])
+            verifies = m.get("verifies") or m["tokens"] / m["accept_length"]
+            out[p["index"]] = (verifies * m["accept_length"], verifies)
     return out
 
 

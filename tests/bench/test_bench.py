@@ -58,6 +58,9 @@ def test_prompt_sets_are_batched_and_reported_each_on_its_own(chat_model_dir, dr
         assert by_set["other"]["methods"][m]["seconds"] == pytest.approx(seconds[3], abs=1e-3)
         assert sum(s["methods"][m]["tokens"] for s in by_set.values()) == report["methods"][m]["tokens"]
     assert by_set["other"]["identical_to_plain"]["spec"] == 2  # float32 greedy
+    for name, s in by_set.items():  # a prompt's verifies add up to its set's (pick.py pools them per prompt)
+        rows = [p["methods"]["spec"] for p in report["prompts"] if p["set"] == name]
+        assert sum(r["verifies"] for r in rows) == s["methods"]["spec"]["verifies"] > 0
     assert "spec_over_plain" in by_set["prompts"]["speedup"]
     printed = capsys.readouterr().out
     assert "set prompts (3 prompts): spec over plain" in printed and "spec identical 2/2" in printed
