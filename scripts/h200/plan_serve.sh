@@ -1,14 +1,16 @@
 #!/bin/bash
 # An H200 plan (start.sh 400 plan_serve.sh, after wheels.sh install): issue 11's iteration costs (random weights: the
-# SmolLM2 and Llama-3.1-8B shapes, 6,8,48 at batch 1; ~3 minutes), issue 13's server at concurrency 1 against the
-# offline bench on the same prompts (serve_matrix.sh), then issue 11's batch 64 on both prompt sets.
+# SmolLM2 and Llama-3.1-8B shapes, 6,8,48 at batch 1, SmolLM2's with its 25 costliest kernels; ~3 minutes), issue
+# 13's server at concurrency 1 against the offline bench on the same prompts (serve_matrix.sh), then issue 11's batch
+# 64 on both prompt sets.
 # ONLY=b64 runs the last part alone (no server: wheels.sh install is not needed then); STEPS=0 leaves out the first.
 R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
 if [ "$ONLY" != b64 ] && [ "$STEPS" != 0 ]; then
   stamp "iteration costs, 6,8,48 at batch 1: SmolLM2's shape, then Llama-3.1-8B's"
-  python3 scripts/spec_step_costs.py --batch 1 --trees 6,8,48 --draft-vocab 24576 --out $S/steps_smollm2.jsonl
+  python3 scripts/spec_step_costs.py --batch 1 --trees 6,8,48 --draft-vocab 24576 --out $S/steps_smollm2.jsonl \
+    --profile 25 | tee $S/steps_smollm2_kernels.txt
   python3 scripts/spec_step_costs.py --shape llama3-8b --batch 1 --trees 6,8,48 --out $S/steps_llama3_8b.jsonl
 fi
 if [ "$ONLY" != b64 ]; then
