@@ -3,7 +3,8 @@
 # SmolLM2 and Llama-3.1-8B shapes, 6,8,48 at batch 1, SmolLM2's with its 25 costliest kernels; ~3 minutes), issue
 # 13's server at concurrency 1 against the offline bench on the same prompts (serve_matrix.sh), then issue 11's batch
 # 64 on both prompt sets.
-# ONLY=b64 runs the last part alone (no server: wheels.sh install is not needed then); STEPS=0 leaves out the first.
+# ONLY=b64 runs the last part alone (no server: wheels.sh install is not needed then); STEPS=0 leaves out the first, B64=0
+# the last.
 R=/tmp/runs; S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
@@ -18,6 +19,7 @@ if [ "$ONLY" != b64 ]; then
   SIZES=1 LEVELS=1 N=64 DRAFTS=default OFFLINE=1 RUN_TIMEOUT=400 bash scripts/serve_matrix.sh /tmp/smol.gguf $R/c1
   cp -r $R/c1 $S/c1
 fi
+[ "$B64" = 0 ] && { stamp end; exit 0; }
 stamp "batch 64, both sets, plain and spec"
 $E bench --target /tmp/smol.gguf --prompts builtin,eaglet/data/corpus/other_prompts.jsonl \
   --methods plain,spec --batch-size 64 --out $R/b64
