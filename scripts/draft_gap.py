@@ -1,0 +1,82 @@
+"""Where a draft misses, per prompt category, against how sure the target itself is.
+
+The target answers each prompt greedily (as in the doctor and in self-distillation); the trainer's own
+featurizer feeds the draft, and draft step 0 is scored at every answer anchor against the target's argmax
+(teacher-forced, as training validates). Each anchor is binned by the target's confidence there: the
+probability of its argmax over the draft vocabulary. A set that the draft serves worse either has more
+positions where the target is unsure (an easier draft cannot change that much) or has the draft missing
+where the target is sure (the draft has not learnt that kind of text).
+
+    PYTHONPATH=. python scripts/draft_gap.py --prompts eaglet/data/corpus/other_prompts.jsonl --limit 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+
+from eaglet.doctor.samples import Samples, anchors, make_samples, training_features
+from eaglet.draft.compat import load_draft_for
+from eaglet.loading.target import load_target
+from eaglet.speculative.load import resolve_draft
+from eaglet.train.ttt import TTTLoss
+
+SURE, UNSURE = 0.9, 0.5  # the target's argmax probability above / below which an anchor counts as sure / unsure
+
+
+def score(target, draft, s: Samples) -> dict[str, dict[str, torch.Tensor]]:
+    """Per category: [n] tensors over its answer anchors: top-1 and top-2 hits of draft step 0, and the
+    target's argmax probability at the position predicted."""
+    out: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for i, label in enumerate(s.labels):  # one prompt at a time: a padded batch of long answers is large on a CPU
+        one = Samples([s.prompts[i]], [s.answers[i]], [label])
+        inp = training_features(target, draft.config.capture, draft, one.token_data())
+        rows, cols = anchors(inp, one.prompt_lens, 0).nonzero(as_tuple=True)
+        hidden = TTTLoss(draft, 1).unroll(inp.aux, inp.emb)[0]
+        top2 = draft.to_target_ids(draft.logits(hidden[rows, cols]).topk(2, dim=-1).indices)  # [n, 2]
+        want = inp.target_top[rows, cols + 1]  # [n]
+        got = out[label]
+        got["top1"].append(top2[:, 0] == want)
+        got["top2"].append((top2 == want[:, None]).any(-1))
+        got["p"].append(inp.target_logp[rows, cols + 1].max(-1).values.exp())
+    return {k: {m: torch.cat(v) for m, v in d.items()} for k, d in out.items()}
+
+
+def row(x: dict[str, torch.Tensor]) -> dict[str, float]:
+    sure, unsure = x["p"] > SURE, x["p"] < UNSURE
+    mean = lambda t: round(float(t.float().mean()), 3) if t.numel() else None  # noqa: E731
+    return {"anchors": int(x["p"].numel()), "acc_0": mean(x["top1"]), "top2_0": mean(x["top2"]),
+            "target_p": mean(x["p"]), "sure_share": mean(sure), "acc_0_sure": mean(x["top1"][sure]),
+            "acc_0_unsure": mean(x["top1"][unsure]), "top2_0_unsure": mean(x["top2"][unsure])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default="default")
+    ap.add_argument("--prompts", default="builtin")
+    ap.add_argument("--limit", type=int, default=24, help="prompts, round-robin over the set's categories")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--json", help="write the table here too")
+    a = ap.parse_args()
+    torch.set_grad_enabled(False)
+    target = load_target(a.target)  # float32 on the CPU, as the doctor runs
+    draft, _ = load_draft_for(resolve_draft(a.draft, target), target)
+    draft.eval()
+    by_cat = score(target, draft, make_samples(target, a.prompts, a.limit, a.max_new_tokens, 4096))
+    table = {cat: row(x) for cat, x in sorted(by_cat.items())}
+    table["all"] = row({m: torch.cat([x[m] for x in by_cat.values()]) for m in ("top1", "top2", "p")})
+    cols = list(table["all"])
+    print(f"{'category':12}" + "".join(f"{c:>14}" for c in cols))
+    for cat, r in table.items():
+        print(f"{cat:12}" + "".join(f"{'-' if r[c] is None else r[c]:>14}" for c in cols))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"config": vars(a), "by_category": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
