@@ -19,7 +19,7 @@ import sys
 RESAMPLES = 2000
 
 
-def per_prompt(report: dict, name: str) -> dict[int, tuple[int, float]]:
+def per_prompt(report: dict, name: str) -> dict[int, tuple[float, float]]:
     """prompt index -> (accepted tokens, verifies) of the spec method, for the prompts of set ``name``."""
     out = {}
     for p in report["prompts"]:
