@@ -6,6 +6,7 @@ featurizer feeds the draft, and draft step 0 is scored at every answer anchor ag
 probability of its argmax over the draft vocabulary. A set that the draft serves worse either has more
 positions where the target is unsure (an easier draft cannot change that much) or has the draft missing
 where the target is sure (the draft has not learnt that kind of text).
+`scripts/score_draft.py` scores a regenerated file's validation records by source instead, without confidence.
 
     PYTHONPATH=. python scripts/draft_gap.py --prompts eaglet/data/corpus/other_prompts.jsonl --limit 24
 """
