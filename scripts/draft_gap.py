@@ -4,8 +4,8 @@ The target answers each prompt greedily (as in the doctor and in self-distillati
 featurizer feeds the draft, and draft step 0 is scored at every answer anchor against the target's argmax
 (teacher-forced, as training validates). Each anchor is binned by the target's confidence there: the
 probability of its argmax over the draft vocabulary. A set that the draft serves worse either has more
-positions where the target is unsure (an easier draft cannot change that much) or has the draft missing
-where the target is sure (the draft has not learnt that kind of text).
+positions where the target is unsure (harder to guess for any draft) or has the draft guessing worse at the same
+confidence (it has not learnt that kind of text).
 `scripts/score_draft.py` scores a regenerated file's validation records by source instead, without confidence.
 
     PYTHONPATH=. python scripts/draft_gap.py --prompts eaglet/data/corpus/other_prompts.jsonl --limit 24
