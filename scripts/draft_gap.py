@@ -19,11 +19,10 @@ from collections import defaultdict
 
 import torch
 
-from eaglet.doctor.samples import Samples, anchors, make_samples, training_features
+from eaglet.doctor.samples import Samples, make_samples, step0_by_conversation
 from eaglet.draft.compat import load_draft_for
 from eaglet.loading.target import load_target
 from eaglet.speculative.load import resolve_draft
-from eaglet.train.ttt import TTTLoss
 
 SURE, UNSURE = 0.9, 0.5  # the target's argmax probability above / below which an anchor counts as sure / unsure
 
@@ -32,14 +31,10 @@ def score(target, draft, s: Samples) -> dict[str, dict[str, torch.Tensor]]:
     """Per category: [n] tensors over its answer anchors: top-1 and top-2 hits of draft step 0, and the
     target's argmax probability at the position predicted."""
     out: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for i, label in enumerate(s.labels):  # one prompt at a time: a padded batch of long answers is large on a CPU
-        one = Samples([s.prompts[i]], [s.answers[i]], [label])
-        inp = training_features(target, draft.config.capture, draft, one.token_data())
-        rows, cols = anchors(inp, one.prompt_lens, 0).nonzero(as_tuple=True)
-        hidden = TTTLoss(draft, 1).unroll(inp.aux, inp.emb)[0]
-        top2 = draft.to_target_ids(draft.logits(hidden[rows, cols]).topk(2, dim=-1).indices)  # [n, 2]
+    for i, inp, rows, cols, hidden in step0_by_conversation(target, draft, s):
+        top2 = draft.to_target_ids(draft.logits(hidden).topk(2, dim=-1).indices)  # [n, 2]
         want = inp.target_top[rows, cols + 1]  # [n]
-        got = out[label]
+        got = out[s.labels[i]]
         got["top1"].append(top2[:, 0] == want)
         got["top2"].append((top2 == want[:, None]).any(-1))
         got["p"].append(inp.target_logp[rows, cols + 1].max(-1).values.exp())

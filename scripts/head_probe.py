@@ -23,15 +23,11 @@ import time
 
 import torch
 
-from eaglet.chat import encode_chat
 from eaglet.data.prompts import load_conversations
-from eaglet.doctor.samples import Samples, anchors, make_samples, training_features
+from eaglet.doctor.samples import Samples, answered, make_samples, prompt_ids, step0_by_conversation
 from eaglet.draft.compat import load_draft_for
-from eaglet.generate import PlainGenerator
 from eaglet.loading.target import load_target
-from eaglet.sampling import SamplingParams
 from eaglet.speculative.load import resolve_draft
-from eaglet.train.ttt import TTTLoss
 
 UNSURE = 0.5
 
@@ -41,20 +37,12 @@ def corpus_samples(target, split: str, n: int, seed: int, max_new: int, batch: i
     convs = [c for c in load_conversations("builtin", split) if any(m["role"] == "user" for m in c.messages)]
     random.Random(seed).shuffle(convs)
     prompts = []
-    for c in convs:  # what the target answers: the messages up to the last user turn
-        last_user = max(i for i, m in enumerate(c.messages) if m["role"] == "user")
-        p = encode_chat(target.tokenizer, list(c.messages[: last_user + 1]))
-        if len(p) <= 256:
+    for c in convs:
+        if len(p := prompt_ids(target.tokenizer, c.messages)) <= 256:
             prompts.append(p)
         if len(prompts) == n:
             break
-    gen = PlainGenerator(target, 512, use_graphs=False, compile=False)
-    answers = []
-    for i in range(0, len(prompts), batch):
-        done = gen.generate(prompts[i: i + batch], SamplingParams(max_new_tokens=max_new, seed=0))
-        answers += [c.tokens for c in done]
-    keep = [i for i, a in enumerate(answers) if len(a) >= 2]
-    return Samples([prompts[i] for i in keep], [answers[i] for i in keep], [split] * len(keep))
+    return answered(target, prompts, [split] * len(prompts), max_new, 512, batch)
 
 
 def step0_anchors(target, draft, s: Samples, label_top: int) -> dict[str, torch.Tensor]:
@@ -63,14 +51,10 @@ def step0_anchors(target, draft, s: Samples, label_top: int) -> dict[str, torch.
     inv = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     inv[draft.vocab_ids()] = torch.arange(draft.config.draft_vocab_size)
     parts: dict[str, list[torch.Tensor]] = {"h": [], "ids": [], "logp": [], "top": [], "p": []}
-    for i in range(len(s.prompts)):  # one conversation at a time: the labels over the draft vocabulary are large
-        one = Samples([s.prompts[i]], [s.answers[i]], s.labels[i: i + 1])
-        inp = training_features(target, draft.config.capture, draft, one.token_data())
-        rows, cols = anchors(inp, one.prompt_lens, 0).nonzero(as_tuple=True)
-        out = TTTLoss(draft, 1).unroll(inp.aux, inp.emb)[0]
+    for _, inp, rows, cols, out in step0_by_conversation(target, draft, s):
         logp = inp.target_logp[rows, cols + 1]  # [n, Vd]
         top = logp.topk(label_top, dim=-1)
-        parts["h"].append(draft.norm(out[rows, cols]))
+        parts["h"].append(draft.norm(out))
         parts["ids"].append(top.indices)
         parts["logp"].append(top.values.log_softmax(-1))
         parts["top"].append(inv[inp.target_top[rows, cols + 1]])
@@ -120,7 +104,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
     a = ap.parse_args()
-    torch.manual_seed(a.seed)
     target = load_target("smollm2-135m")
     draft, _ = load_draft_for(resolve_draft("default", target), target)
     draft.eval()

@@ -9,6 +9,7 @@ training, so what the doctor scores the draft on is what it was trained on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -48,14 +49,19 @@ def answer_data(prompts: list[list[int]], answers: list[list[int]]) -> TokenData
                                      for p, a in zip(prompts, answers)])
 
 
+def prompt_ids(tokenizer, messages) -> list[int]:
+    """The chat-templated ids of ``messages`` up to the last user turn: what the target answers."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
+    return encode_chat(tokenizer, list(messages[: last_user + 1]))
+
+
 def pick_prompts(target: Target, spec: str, k: int, max_tokens: int) -> tuple[list[list[int]], list[str]]:
     """``k`` chat-templated prompts of at most ``max_tokens`` tokens, round-robin over the set's categories
     so that a few prompts still cover code, math, chat, ..."""
     items = by_category(load_prompts(spec))
     ids, labels = [], []
     for n, it in enumerate(items):
-        last_user = max((i for i, m in enumerate(it.messages) if m["role"] == "user"), default=len(it.messages) - 1)
-        p = encode_chat(target.tokenizer, it.messages[: last_user + 1])  # what the target answers
+        p = prompt_ids(target.tokenizer, it.messages)
         if len(p) <= max_tokens:
             ids.append(p)
             labels.append(it.category or f"line {n + 1}")
@@ -71,12 +77,33 @@ def make_samples(target: Target, spec: str, k: int, max_new_tokens: int, capacit
     # Room for the answer and for a verified chain of draft tokens beyond it; and short prompts:
     # the draft is scored on the answers, and every forward pads the batch to its longest row.
     prompts, labels = pick_prompts(target, spec, k, min(MAX_PROMPT_TOKENS, capacity - max_new_tokens - 16))
+    return answered(target, prompts, labels, max_new_tokens, capacity)
+
+
+def answered(target: Target, prompts: list[list[int]], labels: list[str], max_new_tokens: int, capacity: int,
+             batch: int | None = None) -> Samples:
+    """The target's greedy answers to ``prompts`` (``batch`` at a time; default all), those of 2+ tokens kept."""
     gen = PlainGenerator(target, capacity, use_graphs=False, compile=False)
-    done = gen.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, seed=0))
+    step = batch or len(prompts)
+    done = [c for i in range(0, len(prompts), step)
+            for c in gen.generate(prompts[i: i + step], SamplingParams(max_new_tokens=max_new_tokens, seed=0))]
     keep = [i for i, c in enumerate(done) if len(c.tokens) >= 2]
     if not keep:
         raise EagletError("the target ended every answer at once; the doctor needs answers of 2+ tokens")
     return Samples([prompts[i] for i in keep], [done[i].tokens for i in keep], [labels[i] for i in keep])
+
+
+@torch.inference_mode()
+def step0_by_conversation(target: Target, draft, s: Samples) -> Iterator[tuple[int, StepInputs, torch.Tensor,
+                                                                                 torch.Tensor, torch.Tensor]]:
+    """Per conversation of ``s``, one at a time (a padded batch of long answers is large on a CPU): (its index,
+    what training feeds the draft, the answer anchors' rows and columns [n] as ``anchors`` gives them, and draft
+    step 0's pre-norm output there [n, H])."""
+    for i in range(len(s.prompts)):
+        one = Samples(s.prompts[i: i + 1], s.answers[i: i + 1], s.labels[i: i + 1])
+        inp = training_features(target, draft.config.capture, draft, one.token_data())
+        rows, cols = anchors(inp, one.prompt_lens, 0).nonzero(as_tuple=True)
+        yield i, inp, rows, cols, TTTLoss(draft, 1).unroll(inp.aux, inp.emb)[0][rows, cols]
 
 
 @torch.inference_mode()
