@@ -13,5 +13,5 @@ cd "$(git rev-parse --show-toplevel)"
 mkdir -p .dev/p8
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dev/p8 \
-  fastapi starlette uvicorn httptools pydantic pydantic-core annotated-types typing-inspection
+  fastapi starlette uvicorn httptools pydantic pydantic-core annotated-types typing-inspection opentelemetry-api
 du -sh .dev/p8
