@@ -72,5 +72,6 @@ def add_head_options(p: argparse.ArgumentParser) -> None:
                         "since 2026-12-02 list it by frequency; default: all, and 12288 on a CPU whose draft LM head "
                         "stays float32; docs/speculative.md)")
     p.add_argument("--int8-draft-head", action=argparse.BooleanOptionalAction, default=None,
-                   help="serve the draft's LM head in int8 (fbgemm): on an x86 CPU with a float32 target the "
-                        "head is most of a draft step (default: there, unless --compile; docs/performance.md)")
+                   help="serve the draft's LM head in int8: fbgemm's on an x86 CPU with a float32 target, where "
+                        "the head is most of a draft step (default: there, unless --compile), a Triton GEMM on "
+                        "CUDA (default: off; docs/speculative.md)")

@@ -136,7 +136,7 @@ class EngineOptions:
     # except in `generate` (one prompt: ~3 ms saved for a compile of ~20-40 s; docs/performance.md, session 18).
     compile_prefill: bool | None = None
     draft_vocab: int | None = None  # a frequency-ordered draft's N most frequent tokens; None: load_engine_draft's
-    int8_head: bool | None = None  # the draft's LM head in int8 (x86 CPU, float32, eager); None: where possible
+    int8_head: bool | None = None  # the draft's LM head in int8 (x86 CPU: float32, eager; CUDA); None: the device's
 
     def fused_prefill(self, device: torch.device) -> bool:
         """Whether the engines on ``device`` fuse their prefill buckets: --compile-prefill as given, else on CUDA."""

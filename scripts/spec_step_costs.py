@@ -27,6 +27,7 @@ import time
 import torch
 
 from eaglet.cuda_graph import GraphedStep, compiled
+from eaglet.models.int8_matmul import CudaInt8Linear
 from eaglet.sampling import SamplingParams, sample
 from eaglet.speculative import SpecEngine
 from eaglet.speculative.accept import greedy_accept
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
     ap.add_argument("--out", default=None, help="write the JSON lines here too")
     ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
+    ap.add_argument("--int8-draft-head", action="store_true", help="the draft's LM head in int8 (CudaInt8Linear)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the plain step and each iteration: kernel count, busy time, the N costliest")
     a = ap.parse_args()
@@ -121,6 +123,8 @@ def main() -> None:
     target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
     draft = random_draft(target, a.draft_vocab)
+    if a.int8_draft_head:
+        draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
     greedy = SamplingParams()
     rows, lines = [], []
     for b in a.batch:
@@ -151,7 +155,8 @@ def main() -> None:
             # A median of 30: the engine's 3 (enough to rank trees) put the host's share of a 4,1,5 call at
             # 0.52 ms in session 16, 0.085 in session 15.
             call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
-            row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(), "plain_ms": plain,
+            row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(),
+                   "draft_head": "int8" if a.int8_draft_head else "bf16", "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
             if a.profile:

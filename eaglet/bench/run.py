@@ -33,8 +33,8 @@ from eaglet.bench.prompts import load_prompt_sets
 from eaglet.bench.report import build_report, table, write_json, write_png
 from eaglet.cuda_graph import COMPILES
 from eaglet.errors import EagletError
-from eaglet.models.int8_linear import Int8Linear
 from eaglet.options import BenchConfig, SamplingParams
+from eaglet.speculative.load import INT8_HEADS
 
 WARMUP_TOKENS = 16
 SHAPE_PASS_TOKENS = 2  # the prefill and the first step (a speculative iteration) of every batch
@@ -150,7 +150,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "compile_engine": cfg.engine.compile, "compile_prefill": fused_prefill,
         "policy": cfg.engine.policy,
         "draft_vocab": generators["spec"].draft.config.draft_vocab_size if "spec" in generators else None,
-        "int8_draft_head": isinstance(generators["spec"].draft.lm_head, Int8Linear) if "spec" in generators else None,
+        "int8_draft_head": isinstance(generators["spec"].draft.lm_head, INT8_HEADS) if "spec" in generators else None,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),

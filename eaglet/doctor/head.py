@@ -1,12 +1,12 @@
 """Check 5's served head: does the draft's LM head as the engine serves it propose what the trained one does?
 
 Serving may change the head the draft was trained with: a CPU serves it in int8 (``Int8Linear``) over the whole
-vocabulary, or in float32 cut to the most frequent tokens (``keep_vocab``), and ``--draft-vocab`` /
-``--int8-draft-head`` choose. The trunk is untouched, so the draft is unrolled once, teacher-forced as in
-training (``TTTLoss.unroll``), and both heads read each step's output at the answer anchors: how often each
-proposes the target's next token (acc_j, and the chain's predicted accept length from them) and how often the
-two heads propose the same token. A served head that loses more than ``TAU_DROP`` of the predicted accept
-length warns: the serving setting spends what training bought.
+vocabulary, or in float32 cut to the most frequent tokens (``keep_vocab``); a GPU in int8 on request
+(``CudaInt8Linear``); ``--draft-vocab`` / ``--int8-draft-head`` choose. The trunk is untouched, so the draft is
+unrolled once, teacher-forced as in training (``TTTLoss.unroll``), and both heads read each step's output at the
+answer anchors: how often each proposes the target's next token (acc_j, and the chain's predicted accept length
+from them) and how often the two heads propose the same token. A served head that loses more than ``TAU_DROP``
+of the predicted accept length warns: the serving setting spends what training bought.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.doctor.samples import anchors
-from eaglet.models.int8_linear import Int8Linear
+from eaglet.speculative.load import INT8_HEADS
 from eaglet.train.inputs import StepInputs
 from eaglet.train.ttt import TTTLoss, predicted_accept_length
 
@@ -42,7 +42,7 @@ class HeadComparison:
 
 
 def describe(trained, served) -> str:
-    kind = "int8" if isinstance(served.lm_head, Int8Linear) else str(served.fc.weight.dtype).removeprefix("torch.")
+    kind = "int8" if isinstance(served.lm_head, INT8_HEADS) else str(served.fc.weight.dtype).removeprefix("torch.")
     n, whole = served.config.draft_vocab_size, trained.config.draft_vocab_size
     vocab = f"the whole vocabulary ({n:,} tokens)" if n == whole else f"{n:,} of its {whole:,} tokens"
     return f"{kind}, {vocab}"
@@ -52,7 +52,7 @@ def describe(trained, served) -> str:
 def compare_heads(trained, served, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor,
                   steps: int) -> HeadComparison:
     """The trained draft against its serving copy ``served`` (``load_engine_draft``) over a ``steps`` chain."""
-    if not isinstance(served.lm_head, Int8Linear) and served.config.draft_vocab_size == trained.config.draft_vocab_size:
+    if not isinstance(served.lm_head, INT8_HEADS) and served.config.draft_vocab_size == trained.config.draft_vocab_size:
         return HeadComparison(describe(trained, served), True, [], [], [], 0)  # the trained head: nothing to compare
     acc_t, acc_s, agree = [], [], []
     n0 = 0  # step 0's anchors

@@ -11,6 +11,8 @@ import torch
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.models.int8_linear import Int8Linear, int8_gemm_available
+from eaglet.models.int8_matmul import CudaInt8Linear
+from eaglet.models.slot_moves import HAS_TRITON
 from eaglet.options import EngineOptions
 
 DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
@@ -19,6 +21,10 @@ DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 # plain steps against 1.71 with 12,288 (+15%), more than the 3% more accepted tokens are worth; served in int8
 # (the CPU's default, ``int8_head``) the whole head costs less than the cut float32 one (docs/performance.md).
 SERVE_VOCAB = {"cpu": 12288}
+# The draft's LM head as served in int8: fbgemm's on an x86 CPU, eaglet's Triton GEMM on CUDA.
+INT8_HEADS = (Int8Linear, CudaInt8Linear)
+# Whether a CUDA target serves the draft's head in int8 by default (``--int8-draft-head`` either way).
+CUDA_INT8_HEAD = False
 
 
 def default_draft_path(target_name: str) -> Path | None:
@@ -59,22 +65,24 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
     ``vocab``: serve a frequency-ordered draft with its ``vocab`` most frequent tokens (``keep_vocab``, which
     refuses a draft listed by token id); default: all of them where the head is served in int8, else
     SERVE_VOCAB for the device, where the draft allows it. ``int8_head``: serve the LM head in int8
-    (``Int8Linear``: a float32 target on an x86 CPU, not under torch.compile); None: wherever that is possible."""
+    (``Int8Linear`` for a float32 target on an x86 CPU, not under torch.compile; ``CudaInt8Linear`` on CUDA
+    with Triton); None: the device's default (a CPU wherever possible, CUDA if CUDA_INT8_HEAD)."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
-    possible = p.device.type == "cpu" and p.dtype == torch.float32 and int8_gemm_available()
-    if int8_head and not possible:
-        raise EagletError("an int8 draft head needs a float32 target on an x86 CPU (fbgemm's int8 GEMM); "
-                          f"this one is {str(p.dtype).removeprefix('torch.')} on {p.device.type}")
-    int8_head = possible if int8_head is None else int8_head
+    on_cpu = p.device.type == "cpu" and p.dtype == torch.float32 and int8_gemm_available()
+    on_cuda = p.device.type == "cuda" and HAS_TRITON
+    if int8_head and not (on_cpu or on_cuda):
+        raise EagletError("an int8 draft head needs a float32 target on an x86 CPU (fbgemm's int8 GEMM) or a CUDA "
+                          f"GPU with Triton; this one is {str(p.dtype).removeprefix('torch.')} on {p.device.type}")
+    int8_head = (on_cpu or (on_cuda and CUDA_INT8_HEAD)) if int8_head is None else int8_head
     draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
     if vocab is None and draft.config.vocab_by_frequency and not int8_head:
         vocab = SERVE_VOCAB.get(p.device.type)
     if vocab is not None:
         draft.keep_vocab(vocab)
     if int8_head:
-        draft.lm_head = Int8Linear(draft.lm_head.weight)
+        draft.lm_head = (CudaInt8Linear if on_cuda else Int8Linear)(draft.lm_head.weight)
     return draft.fuse_projections()
 
 
@@ -85,10 +93,12 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
 
     kw = {} if log is None else {"log": log}  # None: the engine's own notes on stderr
     # A CPU's --compile traces the draft, and dynamo does not take fbgemm's packed weights: the head stays float32.
-    if options.compile and options.int8_head:
+    # (CUDA's int8 head is an operator that compiles.)
+    on_cpu = target.model.embed.weight.device.type == "cpu"
+    if on_cpu and options.compile and options.int8_head:
         raise EagletError("--int8-draft-head does not go with --compile (torch.compile cannot trace the int8 "
                           "head's packed weights); leave one of them out")
-    int8_head = False if options.compile else options.int8_head
+    int8_head = False if on_cpu and options.compile else options.int8_head
     return SpecEngine(target, load_engine_draft(path, target, options.draft_vocab, int8_head), max_context,
                       *options.tree_flags, compile=options.compile, adaptive=options.policy,
                       compile_prefill=options.fused_prefill(target.model.embed.weight.device), **kw)

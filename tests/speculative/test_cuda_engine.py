@@ -65,10 +65,25 @@ def test_graphed_greedy_with_the_fused_top_k_identical_to_plain(tmp_path, monkey
     monkeypatch.setattr(fused_top_k, "ENABLED", True)
     target, draft = _pair(tmp_path, vocab=2048)
     assert fused_top_k.usable(torch.zeros(1, 2048, device="cuda"), 3)
+    assert _tree_of_3_vs_plain(target, draft) >= 3, "the echo draft should be accepted"
+
+
+def _tree_of_3_vs_plain(target, draft) -> int:
+    """The greedy 4,3,12 engine's output over 2,048-token prompts equals plain decoding's -> its longest accept."""
     prompts = prompts_of([7, 12, 3, 9], vocab=2048)
     params = SamplingParams(max_new_tokens=48)
     plain = PlainGenerator(target, CONTEXT).generate(prompts, params)
     eng = SpecEngine(target, draft, CONTEXT, 4, 3, 12, adaptive=False, log=lambda _: None)
     out = eng.generate(prompts, params)
     assert [o.tokens for o in out] == [p.tokens for p in plain]
-    assert max(a for o in out for a in o.accept_lengths) >= 3, "the echo draft should be accepted"
+    return max(a for o in out for a in o.accept_lengths)
+
+
+def test_graphed_greedy_with_an_int8_head_identical_to_plain(tmp_path):
+    """The draft's LM head through ``eaglet::int8_matmul`` inside the captured iteration: whatever the rounded head
+    proposes, the target's verification keeps plain decoding's tokens."""
+    from eaglet.models.int8_matmul import CudaInt8Linear
+
+    target, draft = _pair(tmp_path, vocab=2048)
+    draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
+    assert _tree_of_3_vs_plain(target, draft) > 1, "the int8 head's proposals should be taken"
