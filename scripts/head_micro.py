@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--vocabs", type=int, nargs="+", default=[24576, 49152])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--hidden", type=int, default=576)
+    ap.add_argument("--argmax-rows", type=int, nargs="+", default=[1, 8, 48])
     a = ap.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
@@ -64,7 +65,7 @@ def main() -> None:
 
     chunks = " ".join(f"{f'chunk {c}':>10}" for c in (128, 512, 1024, 2048))
     print(f"\n{'argmax':>12} {'rows':>4} {'eager':>7} {chunks}")
-    for r in (1, 8, 48):
+    for r in a.argmax_rows:
         x = torch.randn(r, 49152, device=dev, dtype=bf)
         ref = x.argmax(-1)
         row = [graph_us(partial(torch.argmax, x, -1))]
