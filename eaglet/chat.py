@@ -36,4 +36,14 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     if not getattr(tokenizer, "chat_template", None):
         raise EagletError("the target's tokenizer has no chat template; eaglet needs one to build prompts")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_text(tokenizer, text)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """``tokenizer(text, add_special_tokens=False)["input_ids"]``, through the Rust tokenizer directly where there
+    is one: the same ids without transformers' wrapper around a single text (~0.1 ms of a served request's path,
+    where every request pays it; docs/performance.md, session 36)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "split_special_tokens", False):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return backend.encode(text, add_special_tokens=False).ids

@@ -81,10 +81,30 @@ class TimedTokenizer:
         return self._tok.apply_chat_template(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
+        return self._timed(self._tok, *args, **kwargs)
+
+    def _timed(self, encode, *args, **kwargs):
         self._stages.mark("tokenize")
-        out = self._tok(*args, **kwargs)
+        out = encode(*args, **kwargs)
         self._stages.mark("tokenized")
         return out
+
+    @property
+    def backend_tokenizer(self):  # ``chat.encode_text`` encodes through it
+        return _TimedBackend(self._tok.backend_tokenizer, self._timed)
+
+
+class _TimedBackend:
+    """The Rust tokenizer, its encoding marked as the tokenizer's is."""
+
+    def __init__(self, backend, timed):
+        self._backend, self._timed = backend, timed
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def encode(self, *args, **kwargs):
+        return self._timed(self._backend.encode, *args, **kwargs)
 
 
 def timed_app(app, stages: Stages):

@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from eaglet.chat import encode_chat
+from eaglet.chat import encode_chat, encode_text
 from eaglet.generate import Completion
 from eaglet.serve.metrics import Metrics
 from eaglet.serve.protocol import BadRequest, ChatRequest, CompletionRequest, error_body
@@ -244,7 +244,7 @@ def build_app(engine, scheduler: Scheduler, metrics: Metrics, model_name: str) -
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
         prompt = body.prompt if isinstance(body.prompt, list) else \
-            target.tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+            encode_text(target.tokenizer, body.prompt)
         if not prompt:
             raise BadRequest("the prompt is empty", "prompt")
         if any(not 0 <= t < target.config.vocab_size for t in prompt):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglet.chat import encode_chat
+from eaglet.chat import encode_chat, encode_text
 from eaglet.data.prompts import parse_record
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
@@ -54,6 +54,38 @@ def test_smollm2_tokenizer():
 
     tok = load_tokenizer(resolve_target_dir("smollm2-135m"))
     _check(tok, "<|im_end|>")  # ChatML, with a system prompt the template inserts itself
+
+
+TEXTS = ["", "hi", " leading and trailing  ", "<|im_start|>user\nwhat?<|im_end|>\n<|end|>", "naïve café 東京 🙂",
+         "line\n\n\tindented\r\n", "def f(x):\n    return x+1"]
+
+
+def _tokenizers():
+    yield tiny_tokenizer()
+    if smollm2_gguf() is not None:
+        from eaglet.loading.target import load_tokenizer, resolve_target_dir
+
+        yield load_tokenizer(resolve_target_dir("smollm2-135m"))
+
+
+def test_encode_text_gives_the_tokenizers_own_ids():
+    """The Rust tokenizer called directly (the server's path) and transformers' call give the same ids, special
+    tokens inside the text included; a tokenizer without a Rust backend is called as before."""
+
+    class Wrapped:  # no backend_tokenizer
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, *args, **kwargs):
+            return self.tok(*args, **kwargs)
+
+    for tok in _tokenizers():
+        assert tok.backend_tokenizer is not None
+        for text in TEXTS:
+            want = tok(text, add_special_tokens=False)["input_ids"]
+            assert encode_text(tok, text) == want
+            assert encode_text(Wrapped(tok), text) == want
+        assert encode_text(tok, TEXTS[3]).count(tok.convert_tokens_to_ids(tok.eos_token)) >= 1
 
 
 def _with_ids(turns, answer_ids, **extra):
