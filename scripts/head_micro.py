@@ -53,12 +53,21 @@ def main() -> None:
         for m in a.rows:
             x = torch.randn(m, a.hidden, device=dev, dtype=bf)
             ref = x.float() @ ref_w.float().T
-            for tile in TILES:
-                err = (launch(x, q, s, tile).float() - ref).abs().max().item()
-                assert err < 0.05 * ref.abs().max().item(), f"tile {tile} off by {err}"
+            tiles = []  # those that compile and give the product; a tile that fails is reported and left out
+            for i, tile in enumerate(TILES):
+                try:
+                    err = (launch(x, q, s, tile).float() - ref).abs().max().item()
+                except Exception as e:  # a tile this Triton or GPU cannot build
+                    print(f"int8 {i} failed: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                if err < 0.05 * ref.abs().max().item():
+                    tiles.append(tile)
+                else:
+                    print(f"int8 {i} is off by {err}")
             for cache, flush in (("L2", None), ("cold", buf)):
                 row = [timed(partial(torch.nn.functional.linear, x, w), flush, flush_us)]
-                row += [timed(partial(launch, x, q, s, tile), flush, flush_us) for tile in TILES]
+                row += [timed(partial(launch, x, q, s, tile), flush, flush_us) if tile in tiles else float("nan")
+                        for tile in TILES]
                 print(f"{f'{v}x{a.hidden}':>12} {m:>4} {cache:>5} " + " ".join(f"{u:7.2f}" for u in row), flush=True)
     for i, tile in enumerate(TILES):
         print(f"int8 {i}: {tile}")
