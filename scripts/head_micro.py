@@ -16,7 +16,8 @@ from functools import partial
 
 import torch
 
-from eaglet.models.int8_matmul import launch, quantize_rows
+from eaglet.models.int8_linear import quantize_rows
+from eaglet.models.int8_matmul import launch
 from eaglet.speculative.tree import argmax
 from scripts.kernel_micro import graph_us
 

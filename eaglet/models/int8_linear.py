@@ -26,6 +26,13 @@ def int8_gemm_available() -> bool:
         return False
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], float32 scales [N]): each row symmetric over its largest magnitude."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(1) / 127).clamp_min(1e-12)
+    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+
 class Int8Linear(nn.Module):
     """``x @ weight.T`` with ``weight`` [out, in] prepacked in int8, one scale per output row; inference only."""
 
@@ -33,7 +40,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         w = weight.detach().float().contiguous()
         self.out_features, self.in_features = w.shape
-        scales = (w.abs().amax(1) / 127).clamp_min(1e-12).double()
+        scales = quantize_rows(w)[1].double()
         zeros = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # torch's quantized tensors warn that they will move to torchao
             warnings.simplefilter("ignore", UserWarning)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eaglet.models.int8_linear import quantize_rows
 from eaglet.models.slot_moves import HAS_TRITON
 
 if HAS_TRITON:
@@ -64,13 +65,6 @@ def int8_matmul(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch
 @int8_matmul.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
-
-
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> (int8 [N, K], float32 scales [N]): each row symmetric over its largest magnitude."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(1) / 127).clamp_min(1e-12)
-    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
 
 
 class CudaInt8Linear(nn.Module):

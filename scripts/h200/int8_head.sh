@@ -8,8 +8,8 @@
 # both ways (eager 6,8,48, the policy off, 20 x 128 a set) and prints pick.py's verdict.
 export PYTHONPATH=$PWD:/tmp/site
 E="python3 -m eaglet.cli"
-OUT=${OUT:-/tmp/eg/res}
-[ -d /tmp/eg/res ] && [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
+# Run as a plan (from start.sh's copy of the tree), the results go where watch.sh collects them.
+[ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 nvidia-smi --query-gpu=name --format=csv,noheader
 echo "### head_micro $(date +%T)"
 timeout 150 python3 scripts/head_micro.py --vocabs 24576 --rows 1 8 --argmax-rows 48 2>&1 | grep -v -i warn \

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.models.int8_matmul import launch, quantize_rows
+from eaglet.models.int8_linear import quantize_rows
+from eaglet.models.int8_matmul import launch
 from tests.conftest import TRITON_DEVICE
 
 DEVICE = TRITON_DEVICE
