@@ -2,7 +2,9 @@
 # On the H200, the last staging call (carry [".dev/q10"]): part 10 and the gguf wheel, the GGUF's checksum (or, on
 # a machine that has run a plan already, the GGUF left in place), this tree copied to /tmp/eg/repo, then the plan
 # scripts/h200/$2 started in a session of its own (it outlives this call; its log is /tmp/eg/log, what it keeps goes
-# to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1 seconds.
+# to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1 seconds. Further names after $2 run
+# after it in the same background session (`start.sh 400 int8_head.sh plan_serve.sh`): nothing waits on a reply
+# between them, so the machine cannot go back in the gap.
 set -e
 if [ -f /tmp/smol.gguf ] && [ ! -f /tmp/smol.gguf.part ]; then
   # A second plan on a machine still warm from the first (as in session 36): the GGUF is in place already.
@@ -19,6 +21,7 @@ tar --exclude='./.dev' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)
 cd /tmp/eg/repo
 # The plan's environment, and its end marked here whatever the plan does (a plan that fails ends the watching too).
 export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
-setsid nohup bash -c "bash scripts/h200/$2; touch /tmp/eg/DONE" > /tmp/eg/log 2>&1 < /dev/null &
+plans=""; for p in "${@:2}"; do plans+="bash scripts/h200/$p; "; done
+setsid nohup bash -c "$plans touch /tmp/eg/DONE" > /tmp/eg/log 2>&1 < /dev/null &
 sleep 2
 bash scripts/h200/watch.sh "$1"
