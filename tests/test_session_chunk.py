@@ -167,3 +167,13 @@ def test_graphed_chunks_on_cuda_give_the_one_step_tokens(model, own):
     plain = SamplingParams(max_new_tokens=21)
     one = PlainGenerator(t, 96, compile=False, chunk=1)
     assert [c.tokens for c in graphed.generate(PROMPTS, plain)] == [c.tokens for c in one.generate(PROMPTS, plain)]
+
+
+def test_an_unseeded_session_draws_its_own_seed_and_leaves_the_global_generator_alone(model):
+    gen = PlainGenerator(target(model), 96)
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=4)
+    state = torch.random.get_rng_state()
+    seeds = {gen.session(1, sampled).gen.initial_seed() for _ in range(3)}
+    assert torch.equal(torch.random.get_rng_state(), state)  # the server's sessions do not reseed torch's own
+    assert len(seeds) == 3
+    assert gen.session(1, SamplingParams(temperature=1.0, seed=7)).gen.initial_seed() == 7
