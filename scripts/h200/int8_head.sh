@@ -20,7 +20,7 @@ for h in "" --int8-draft-head; do
     --out "$OUT/steps${h:+_int8}.jsonl" 2>&1 | tail -3
 done
 echo "### tests $(date +%T)"
-timeout 90 python3 -m pytest -q tests/models/test_int8_matmul.py tests/speculative/test_cuda_engine.py 2>&1 | tail -4
+timeout 240 python3 -m pytest -q tests/models/test_int8_matmul.py tests/speculative/test_cuda_engine.py 2>&1 | tail -4
 if [ "$ACCEPT" = 1 ] && [ -f /tmp/smol.gguf ]; then
   for h in --no-int8-draft-head --int8-draft-head; do
     echo "### accept $h $(date +%T)"
