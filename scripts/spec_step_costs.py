@@ -26,6 +26,7 @@ import time
 
 import torch
 
+import eaglet.speculative.tree as tree_module
 from eaglet.cuda_graph import GraphedStep, compiled
 from eaglet.models.int8_matmul import CudaInt8Linear
 from eaglet.sampling import SamplingParams, sample
@@ -109,9 +110,12 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the JSON lines here too")
     ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
     ap.add_argument("--int8-draft-head", action="store_true", help="the draft's LM head in int8 (CudaInt8Linear)")
+    ap.add_argument("--argmax-chunk", type=int, default=tree_module.ARGMAX_CHUNK,
+                    help="the two-stage argmax's chunk (eaglet.speculative.tree.ARGMAX_CHUNK)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the plain step and each iteration: kernel count, busy time, the N costliest")
     a = ap.parse_args()
+    tree_module.ARGMAX_CHUNK = a.argmax_chunk  # read when the iteration is traced
     if a.dynamic:
         import eaglet.generate
         import eaglet.speculative.engine
@@ -156,7 +160,8 @@ def main() -> None:
             # 0.52 ms in session 16, 0.085 in session 15.
             call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(),
-                   "draft_head": "int8" if a.int8_draft_head else "bf16", "plain_ms": plain,
+                   "draft_head": "int8" if a.int8_draft_head else "bf16",
+                   "argmax_chunk": a.argmax_chunk, "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
             if a.profile:

@@ -70,13 +70,17 @@ def gumbel(uniform: torch.Tensor) -> torch.Tensor:
 
 # Chunk of the two-stage top-k on CUDA (``top_k``); a divisor of every draft vocabulary eaglet trains.
 TOPK_CHUNK = 128
+# Chunk of the two-stage argmax on CUDA (``argmax``). Alone on an H100, the verify's argmax over 48 x 49,152 bf16
+# logits took 7.3 us in chunks of 128 and 5.9 in chunks of 1,024 (session 37, scripts/head_micro.py); in the
+# compiled iteration, `scripts/spec_step_costs.py --argmax-chunk N` compares them.
+ARGMAX_CHUNK = 128
 
 
-def chunks(x: torch.Tensor, chunk: int | None) -> int | None:
+def chunks(x: torch.Tensor, chunk: int | None, default: int = TOPK_CHUNK) -> int | None:
     """The chunk of a two-stage reduction over x's last dim (``top_k``, ``argmax``): ``chunk``, by default
-    TOPK_CHUNK on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
+    ``default`` on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
     v = x.shape[-1]
-    chunk = (TOPK_CHUNK if x.device.type == "cuda" else None) if chunk is None else chunk
+    chunk = (default if x.device.type == "cuda" else None) if chunk is None else chunk
     return None if chunk is None or v % chunk or v < 4 * chunk else chunk
 
 
@@ -111,7 +115,7 @@ def argmax(x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     (or with ``chunk``, dividing V) as two reductions: each chunk's max, then the first chunk holding the row's.
     One reduction over few long rows runs few programs: the verify's argmax of 5-48 rows of 49,152 logits took
     9.5-9.9 us in session 16's profile."""
-    v, chunk = x.shape[-1], chunks(x, chunk)
+    v, chunk = x.shape[-1], chunks(x, chunk, ARGMAX_CHUNK)
     if chunk is None:
         return x.argmax(-1)
     part = x.unflatten(-1, (v // chunk, chunk)).max(-1)  # [..., V/chunk]: each chunk's max and its index
