@@ -36,6 +36,19 @@ def test_top_k_and_log_sum_exp_equal_torch(rows, vocab, k, dtype):
     torch.testing.assert_close(lse, torch.logsumexp(xf, dim=-1), rtol=0, atol=1e-5)
 
 
+def test_negative_logits_and_near_ties_keep_their_order():
+    """Every logit below zero (the packed keys order negative floats in reverse of their bits), and values
+    one float32 step apart."""
+    g = torch.Generator().manual_seed(7)
+    x = -(torch.randn(3, 4096, generator=g).abs() + 2.0)
+    x[1, 100] = -1.0
+    x[1, 3000] = torch.nextafter(torch.tensor(-1.0), torch.tensor(0.0))  # just above -1: first
+    values, ids, lse = fused_top_k.launch(x.to(DEVICE), 6)
+    assert torch.equal(values.cpu(), x.topk(6, dim=-1).values)
+    assert ids[1, :2].tolist() == [3000, 100]
+    torch.testing.assert_close(lse.cpu(), torch.logsumexp(x, dim=-1), rtol=0, atol=1e-5)
+
+
 def test_ties_go_to_the_lower_id():
     x = torch.zeros(2, 2048, device=DEVICE)
     x[:, [5, 1500]] = 1.0
