@@ -8,9 +8,10 @@ export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 run() {  # $1: what; $2: the tree's directory; the rest: spec_step_costs.py's flags
   echo "### $1 $(date +%T)"
+  rm -f /tmp/ab_row.jsonl
   (cd "$2" && PYTHONPATH=$PWD:/tmp/site timeout 150 python3 scripts/spec_step_costs.py --batch 1 --trees 6,8,48 \
-    --draft-vocab 24576 "${@:3}" --out /tmp/ab_row.jsonl 2>&1 | tail -1) \
-    && sed "s/^{/{\"run\": \"$1\", /" /tmp/ab_row.jsonl >> "$OUT/iteration_ab.jsonl"
+    --draft-vocab 24576 "${@:3}" --out /tmp/ab_row.jsonl 2>&1 | tail -1)
+  [ -f /tmp/ab_row.jsonl ] && sed "s/^{/{\"run\": \"$1\", /" /tmp/ab_row.jsonl >> "$OUT/iteration_ab.jsonl"
 }
 if [ -f .dev/ab/fused_top_k.py ]; then
   rm -rf /tmp/ab_old && mkdir -p /tmp/ab_old && tar --exclude=./.git -cf - . | (cd /tmp/ab_old && tar xf -)

@@ -37,8 +37,8 @@ def test_top_k_and_log_sum_exp_equal_torch(rows, vocab, k, dtype):
 
 
 def test_negative_logits_and_near_ties_keep_their_order():
-    """Every logit below zero (the packed keys order negative floats in reverse of their bits), and values
-    one float32 step apart."""
+    """Every logit below zero (a kernel comparing floats as integers must reverse the order of negative ones'
+    bits), and two values one float32 step apart."""
     g = torch.Generator().manual_seed(7)
     x = -(torch.randn(3, 4096, generator=g).abs() + 2.0)
     x[1, 100] = -1.0
