@@ -8,6 +8,7 @@ export PYTHONPATH=$PWD:/tmp/site
 echo "### cuda tests $(date +%T)"
 timeout 420 python3 -m pytest -q -rs --durations=5 tests/speculative/test_cuda_engine.py tests/speculative/test_fused_top_k.py \
   tests/models/test_int8_matmul.py tests/test_session_chunk.py \
-  tests/models/test_rms_norm.py tests/speculative/test_prefill.py tests/data/test_cuda_regenerate.py 2>&1 \
+  tests/models/test_rms_norm.py tests/speculative/test_prefill.py tests/data/test_cuda_regenerate.py \
+  tests/train/test_feature_cache.py 2>&1 \
   | grep -v -i warn | tail -25 | tee "$OUT/cuda_tests.txt"
 echo "### cuda tests end $(date +%T)"
