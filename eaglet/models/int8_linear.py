@@ -26,10 +26,14 @@ def int8_gemm_available() -> bool:
         return False
 
 
+def row_scales(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> float32 scales [N]: each row symmetric over its largest magnitude."""
+    return (weight.detach().float().abs().amax(1) / 127).clamp_min(1e-12)
+
+
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> (int8 [N, K], float32 scales [N]): each row symmetric over its largest magnitude."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(1) / 127).clamp_min(1e-12)
+    """weight [N, K] -> (int8 [N, K], float32 scales [N] from ``row_scales``)."""
+    w, scales = weight.detach().float(), row_scales(weight)
     return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
 
 
@@ -40,7 +44,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         w = weight.detach().float().contiguous()
         self.out_features, self.in_features = w.shape
-        scales = quantize_rows(w)[1].double()
+        scales = row_scales(w).double()  # torch's per-channel quantizer rounds the weight itself
         zeros = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # torch's quantized tensors warn that they will move to torchao
             warnings.simplefilter("ignore", UserWarning)

@@ -21,4 +21,4 @@ fi
 run "this tree" .
 run "argmax chunk 1024" . --argmax-chunk 1024
 [ -f .dev/ab/fused_top_k.py ] && run "earlier fused top-k, again" /tmp/ab_old
-cat "$OUT/iteration_ab.jsonl" | cut -c1-300
+cut -c1-300 "$OUT/iteration_ab.jsonl"

@@ -17,9 +17,8 @@ else
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/q10/*.whl
 rm -rf /tmp/eg/repo /tmp/eg/DONE /tmp/eg/res && mkdir -p /tmp/eg/repo /tmp/eg/res
-tar --exclude='./.dev' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)
-# An earlier kernel for iteration_ab.sh, when this call carries it (the GGUF's parts stay behind).
-[ -d .dev/ab ] && mkdir -p /tmp/eg/repo/.dev && cp -r .dev/ab /tmp/eg/repo/.dev/
+# The tree and what else this call carries in .dev (an earlier kernel for iteration_ab.sh), not the GGUF's parts.
+tar --exclude='./.dev/q*' --exclude='./.dev/p*' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)
 cd /tmp/eg/repo
 # The plan's environment, and its end marked here whatever the plan does (a plan that fails ends the watching too).
 export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
