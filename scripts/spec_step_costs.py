@@ -110,12 +110,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the JSON lines here too")
     ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
     ap.add_argument("--int8-draft-head", action="store_true", help="the draft's LM head in int8 (CudaInt8Linear)")
-    ap.add_argument("--argmax-chunk", type=int, default=tree_module.ARGMAX_CHUNK,
-                    help="the two-stage argmax's chunk (eaglet.speculative.tree.ARGMAX_CHUNK)")
+    ap.add_argument("--argmax-chunk", type=int, default=None,
+                    help="the two-stage argmax's chunk (default: eaglet.speculative.tree.argmax_chunk's choice)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the plain step and each iteration: kernel count, busy time, the N costliest")
     a = ap.parse_args()
-    tree_module.ARGMAX_CHUNK = a.argmax_chunk  # read when the iteration is traced
+    if a.argmax_chunk:
+        tree_module.ARGMAX_CHUNKS = (a.argmax_chunk,)  # read when the iteration is traced
     if a.dynamic:
         import eaglet.generate
         import eaglet.speculative.engine
@@ -161,7 +162,7 @@ def main() -> None:
             call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(),
                    "draft_head": "int8" if a.int8_draft_head else "bf16",
-                   "argmax_chunk": a.argmax_chunk, "plain_ms": plain,
+                   "argmax_chunk": a.argmax_chunk or "default", "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
             if a.profile:

@@ -70,17 +70,23 @@ def gumbel(uniform: torch.Tensor) -> torch.Tensor:
 
 # Chunk of the two-stage top-k on CUDA (``top_k``); a divisor of every draft vocabulary eaglet trains.
 TOPK_CHUNK = 128
-# Chunk of the two-stage argmax on CUDA (``argmax``). Alone on an H100, the verify's argmax over 48 x 49,152 bf16
-# logits took 7.3 us in chunks of 128 and 5.9 in chunks of 1,024 (session 37, scripts/head_micro.py); in the
-# compiled iteration, `scripts/spec_step_costs.py --argmax-chunk N` compares them.
-ARGMAX_CHUNK = 128
+# Chunks of the two-stage argmax on CUDA (``argmax``), the largest dividing V first. Alone on an H100, the verify's
+# argmax over 48 x 49,152 bf16 logits took 7.3 us in chunks of 128 and 5.9 in chunks of 1,024 (session 37,
+# scripts/head_micro.py); SmolLM2's 6,8,48 iteration 1.413 -> 1.409 ms (session 38, scripts/h200/iteration_ab.sh).
+# Llama 3's 128,256 take 256.
+ARGMAX_CHUNKS = (1024, 512, 256, 128)
 
 
-def chunks(x: torch.Tensor, chunk: int | None, default: int = TOPK_CHUNK) -> int | None:
+def argmax_chunk(v: int) -> int | None:
+    """The largest of ARGMAX_CHUNKS dividing a vocabulary of ``v``, None where none does."""
+    return next((c for c in ARGMAX_CHUNKS if v % c == 0), None)
+
+
+def chunks(x: torch.Tensor, chunk: int | None) -> int | None:
     """The chunk of a two-stage reduction over x's last dim (``top_k``, ``argmax``): ``chunk``, by default
-    ``default`` on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
+    TOPK_CHUNK on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
     v = x.shape[-1]
-    chunk = (default if x.device.type == "cuda" else None) if chunk is None else chunk
+    chunk = (TOPK_CHUNK if x.device.type == "cuda" else None) if chunk is None else chunk
     return None if chunk is None or v % chunk or v < 4 * chunk else chunk
 
 
@@ -112,10 +118,13 @@ def top_k(x: torch.Tensor, k: int, chunk: int | None = None) -> tuple[torch.Tens
 
 def argmax(x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """x [..., V] -> each row's index of its largest value [...], the first of ties, as ``x.argmax(-1)``; on CUDA
-    (or with ``chunk``, dividing V) as two reductions: each chunk's max, then the first chunk holding the row's.
-    One reduction over few long rows runs few programs: the verify's argmax of 5-48 rows of 49,152 logits took
-    9.5-9.9 us in session 16's profile."""
-    v, chunk = x.shape[-1], chunks(x, chunk, ARGMAX_CHUNK)
+    in chunks of ``argmax_chunk(V)`` (or of ``chunk``, dividing V) as two reductions: each chunk's max, then the
+    first chunk holding the row's. One reduction over few long rows runs few programs: the verify's argmax of 5-48
+    rows of 49,152 logits took 9.5-9.9 us in session 16's profile."""
+    v = x.shape[-1]
+    if chunk is None and x.device.type == "cuda":
+        chunk = argmax_chunk(v)
+    chunk = chunk and chunks(x, chunk)
     if chunk is None:
         return x.argmax(-1)
     part = x.unflatten(-1, (v // chunk, chunk)).max(-1)  # [..., V/chunk]: each chunk's max and its index

@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the device, as a plan (`bash scripts/h200/start.sh 400 iteration_ab.sh`) or alone in a call (carry [".dev/ab"];
 # ~4 minutes): SmolLM2's 6,8,48 iteration at batch 1 (random weights, scripts/spec_step_costs.py), one process each:
-# this tree; this tree with the verify's argmax in chunks of 1,024 (ARGMAX_CHUNK is 128); and, where .dev/ab holds
+# this tree; this tree with the verify's argmax in chunks of 128 (tree.argmax_chunk takes 1,024); and, where .dev/ab holds
 # an earlier eaglet/speculative/fused_top_k.py (`git show REV:eaglet/speculative/fused_top_k.py >
 # .dev/ab/fused_top_k.py`), a copy of this tree with that file in its place. Each run's JSON line in iteration_ab.jsonl.
 export PYTHONPATH=$PWD:/tmp/site
@@ -19,6 +19,6 @@ if [ -f .dev/ab/fused_top_k.py ]; then
   run "earlier fused top-k" /tmp/ab_old
 fi
 run "this tree" .
-run "argmax chunk 1024" . --argmax-chunk 1024
+run "argmax chunk 128" . --argmax-chunk 128
 [ -f .dev/ab/fused_top_k.py ] && run "earlier fused top-k, again" /tmp/ab_old
 cut -c1-300 "$OUT/iteration_ab.jsonl"
