@@ -1,9 +1,9 @@
 #!/bin/bash
 # On the device, as a plan (`bash scripts/h200/start.sh 400 iteration_ab.sh`) or alone in a call (carry [".dev/ab"];
-# ~4 minutes): SmolLM2's 6,8,48 iteration at batch 1 (random weights, scripts/spec_step_costs.py), one process each:
-# this tree; this tree with the verify's argmax in chunks of 128 (tree.argmax_chunk takes 1,024); and, where .dev/ab holds
-# an earlier eaglet/speculative/fused_top_k.py (`git show REV:eaglet/speculative/fused_top_k.py >
-# .dev/ab/fused_top_k.py`), a copy of this tree with that file in its place. Each run's JSON line in iteration_ab.jsonl.
+# ~3 minutes): SmolLM2's 6,8,48 iteration and plain step at batch 1 (random weights, scripts/spec_step_costs.py), one
+# process each: this tree, and a copy of it with the files that .dev/ab holds (at their paths in the repository, say
+# `mkdir -p .dev/ab/eaglet/models && git show REV:eaglet/models/tree_attention.py >
+# .dev/ab/eaglet/models/tree_attention.py`) in place, before and after. Each run's JSON line in iteration_ab.jsonl.
 export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 run() {  # $1: what; $2: the tree's directory; the rest: spec_step_costs.py's flags
@@ -13,12 +13,12 @@ run() {  # $1: what; $2: the tree's directory; the rest: spec_step_costs.py's fl
     --draft-vocab 24576 "${@:3}" --out /tmp/ab_row.jsonl 2>&1 | tail -1)
   [ -f /tmp/ab_row.jsonl ] && sed "s/^{/{\"run\": \"$1\", /" /tmp/ab_row.jsonl >> "$OUT/iteration_ab.jsonl"
 }
-if [ -f .dev/ab/fused_top_k.py ]; then
-  rm -rf /tmp/ab_old && mkdir -p /tmp/ab_old && tar --exclude=./.git -cf - . | (cd /tmp/ab_old && tar xf -)
-  cp .dev/ab/fused_top_k.py /tmp/ab_old/eaglet/speculative/fused_top_k.py
-  run "earlier fused top-k" /tmp/ab_old
+rm -rf /tmp/ab_old
+if [ -n "$(ls -A .dev/ab 2>/dev/null)" ]; then
+  mkdir -p /tmp/ab_old && tar --exclude=./.git -cf - . | (cd /tmp/ab_old && tar xf -)
+  cp -r .dev/ab/. /tmp/ab_old/
+  run "earlier files" /tmp/ab_old
 fi
 run "this tree" .
-run "argmax chunk 128" . --argmax-chunk 128
-[ -f .dev/ab/fused_top_k.py ] && run "earlier fused top-k, again" /tmp/ab_old
+[ -d /tmp/ab_old ] && run "earlier files, again" /tmp/ab_old
 cut -c1-300 "$OUT/iteration_ab.jsonl"
