@@ -68,13 +68,33 @@ class AttnMeta:
         return ((slot < lens) | (self.extra.gather(2, rel) & new)).unsqueeze(1)
 
 
+def row_index(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
+    """Rows of a batch to index its tensors with: neighbouring rows as a slice, others as an index tensor. A
+    tensor made from a list is copied to the device, and that copy waits for the device's queue to drain."""
+    rows = list(rows)
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows, device=device)
+
+
+def stacked(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
+            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One zeroed buffer [L, *shape] and its layers' views: a row's slots of every layer move in one copy."""
+    stack = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
+    return stack, list(stack.unbind(0))
+
+
 class KVCache:
     def __init__(self, num_layers: int, batch: int, capacity: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
         self.capacity = capacity
         shape = (batch, n_kv, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        k, self.k = stacked(num_layers, shape, dtype, device)
+        v, self.v = stacked(num_layers, shape, dtype, device)
+        # Every layer's K, then V, as one tensor [L, B, n_kv, capacity, D] each: a prefill landing in a batch's
+        # rows (``copy_rows_from``) is one copy a stack, where a copy a layer's K and V was 60 host-side indexing
+        # operations and kernel launches for SmolLM2 (~1 ms of an H100 admission's host time, session 38).
+        self.stacks = [k, v]
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
 
@@ -106,6 +126,7 @@ class KVCache:
         view = copy.copy(self)
         view.k = [k[start:stop] for k in self.k]  # [stop-start, n_kv, capacity, D] views
         view.v = [v[start:stop] for v in self.v]
+        view.stacks = [t[:, start:stop] for t in self.stacks]
         view.lens = self.lens[start:stop]  # in-place updates reach the whole batch's lens
         view._rows = self._rows[: stop - start]
         return view
@@ -117,27 +138,31 @@ class KVCache:
         if rows * capacity > self.batch * self.capacity:
             raise ValueError(f"{rows} x {capacity} slots do not fit in {self.batch} x {self.capacity}")
 
-        def seen(t: torch.Tensor) -> torch.Tensor:  # [B, h, S, D] -> [rows, h, capacity, D] over the same memory
-            return t.view(-1)[: rows * t.shape[1] * capacity * t.shape[3]].view(rows, t.shape[1], capacity, t.shape[3])
+        def seen(t: torch.Tensor) -> torch.Tensor:  # [L, B, h, S, D] -> [L, rows, h, capacity, D], the same memory
+            per_layer = rows * t.shape[2] * capacity * t.shape[4]
+            return t.flatten(1)[:, :per_layer].unflatten(1, (rows, t.shape[2], capacity, t.shape[4]))
 
         view = copy.copy(self)
-        view.k, view.v = [seen(k) for k in self.k], [seen(v) for v in self.v]
+        view.stacks = [seen(t) for t in self.stacks]
+        layers = [list(t.unbind(0)) for t in view.stacks]
+        view.k, view.v = layers[0], (layers[1] if len(layers) > 1 else [])
         view.capacity = capacity
         view.lens = torch.zeros(rows, dtype=torch.long, device=self.lens.device)
         view._rows = torch.arange(rows, device=self.lens.device).unsqueeze(1)
         return view
 
-    def copy_rows_from(self, src: KVCache, dst: torch.Tensor, slots: int | None = None) -> None:
-        """Rows ``0..n-1`` of ``src`` (their committed slots and ``lens``) into rows ``dst`` [n] of this cache.
+    def copy_rows_from(self, src: KVCache, rows: Sequence[int], slots: int | None = None) -> None:
+        """Rows ``0..n-1`` of ``src`` (their committed slots and ``lens``) into this cache's ``rows``.
 
         In place, so the tensors a captured graph reads stay the same. The slots copied run to the
         longest row's ``lens`` (``slots`` when the caller knows it: no read of ``lens`` from the device); a
         shorter row's extra slots lie past its ``lens``, where nothing reads. Whole slots move, whatever a
-        slot holds (a subclass without V has an empty ``v``).
+        slot holds (a subclass without V has one stack).
         """
         s = int(src.lens.max()) if slots is None else slots
-        for mine, theirs in zip((*self.k, *self.v), (*src.k, *src.v)):
-            mine[dst, :, :s] = theirs[:, :, :s]
+        dst = row_index(rows, self.lens.device)
+        for mine, theirs in zip(self.stacks, src.stacks):
+            mine[:, dst, :, :s] = theirs[:, :, :, :s]
         self.lens[dst] = src.lens
 
     def check_room(self, extra: int) -> None:
@@ -218,4 +243,4 @@ class Landing:
 
     def land(self, view: KVCache, rows: Sequence[int], slots: int | None = None) -> None:
         """Copy ``view``'s rows, prefilled elsewhere (``prefill.PrefillGraphs``), into the cache's ``rows``."""
-        self.cache.copy_rows_from(view, torch.tensor(list(rows), device=self.cache.lens.device), slots)
+        self.cache.copy_rows_from(view, rows, slots)

@@ -31,7 +31,7 @@ import torch
 
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, DecodeChunks, StopChecker, eos_ids, prefill
-from eaglet.kv_cache import Landing
+from eaglet.kv_cache import Landing, row_index
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
 from eaglet.prefill import PrefillGraphs
@@ -163,7 +163,7 @@ class Session:
         for i, d in zip(rows, draws or ()):
             self.draws[i] = (random.Random(d.seed), d.temperature)
         roots = self._prefill(rows, prompts)  # [n]
-        self.roots[torch.tensor(rows, device=self.roots.device)] = roots
+        self.roots[row_index(rows, self.roots.device)] = roots
         first = []
         for i, prompt, p, t in zip(rows, prompts, each, roots.tolist()):
             self.rows[i] = _Row(self.target, len(prompt), p, self.capacity, self.eos)
@@ -182,7 +182,7 @@ class Session:
                              f"{len(self.rows)} running")
         if old.own_draws != self.own_draws or not same_sampling(old.params, self.params):
             raise ValueError("a session adopts rows sampled as its own are (draws and temperature, top-p, top-k)")
-        self.cache.copy_rows_from(old.cache, torch.arange(n, device=self.roots.device))
+        self.cache.copy_rows_from(old.cache, range(n))
         self.roots[:n] = old.roots
         self.active[:n] = old.active
         self.rows, self.draws, self.gen = dict(old.rows), dict(old.draws), old.gen

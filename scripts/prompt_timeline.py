@@ -78,7 +78,8 @@ def profile_admissions(gen, prompts: list[list[int]], params: SamplingParams, de
 
     cuda = device.type == "cuda"
     walls = []
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, with_stack=True) as prof:
         for prompt in prompts:
             session = gen.session(1, params)
             t0 = sync(device)
@@ -98,6 +99,11 @@ def profile_admissions(gen, prompts: list[list[int]], params: SamplingParams, de
                           for k in waits if k in calls))
     for e in sorted(host, key=lambda e: -e.self_cpu_time_total)[:top]:
         print(f"{e.self_cpu_time_total / 1e3 / n:8.3f} ms {e.count / n:6.1f}x  {e.key[:100]}")
+    # Where the host waits for the device: each synchronisation's innermost eaglet frames.
+    for e in prof.key_averages(group_by_stack_n=8):
+        if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"):
+            frames = [f for f in e.stack if "eaglet/" in f][:3]
+            print(f"   {e.key} {e.count / n:.1f}x from " + " <- ".join(frames or ["(no eaglet frame)"]))
 
 
 def random_gens(shape: str, device: str, compile_prefill: bool, draft: bool) -> dict:

@@ -219,6 +219,31 @@ def test_reshaped_sees_the_same_memory_as_other_rows_and_slots():
         cache.reshaped(4, 17)
 
 
+@pytest.mark.parametrize("rows", [[1, 2], [3, 0]])
+def test_copy_rows_from_lands_every_layer_in_neighbouring_or_scattered_rows(rows):
+    """A prefill's rows (here from a reshaped scratch, as PrefillGraphs leaves them) land in the batch's ``rows``
+    through the stacked buffers: every layer's K and V up to the longest row, and ``lens``; other rows untouched.
+    Neighbouring rows go by a slice, scattered ones by an index tensor (``row_index``)."""
+    from eaglet.kv_cache import KVCache, row_index
+
+    cache = KVCache(3, 4, 16, 2, 4, torch.float32, "cpu")
+    storage = KVCache(3, 1, 64, 2, 4, torch.float32, "cpu")
+    src = storage.reshaped(2, 32)
+    for t in src.stacks:
+        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(t.data_ptr() % 1000)))
+    assert src.stacks[0][1].data_ptr() == src.k[1].data_ptr() == storage.k[1].data_ptr()
+    src.lens.copy_(torch.tensor([5, 3]))
+    cache.copy_rows_from(src, rows)
+    assert isinstance(row_index(rows, "cpu"), slice) == (rows == [1, 2])
+    others = [r for r in range(4) if r not in rows]
+    for layer in range(3):
+        for mine, theirs in ((cache.k[layer], src.k[layer]), (cache.v[layer], src.v[layer])):
+            for i, r in enumerate(rows):
+                assert torch.equal(mine[r, :, :5], theirs[i, :, :5])
+            assert not mine[others].any()
+    assert cache.lens[rows].tolist() == [5, 3] and not cache.lens[others].any()
+
+
 @torch.no_grad()
 def test_a_prefill_into_empty_rows_attends_without_a_mask(model, monkeypatch):
     """A causal append to empty rows (an eager prefill) takes SDPA's causal path, no dense mask: the same

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eaglet.kv_cache import Landing
+from eaglet.kv_cache import Landing, row_index
 from eaglet.sampling import SamplingParams
 from eaglet.session import Session
-from eaglet.speculative.drafting import anchor_tokens, draft_prefill
+from eaglet.speculative.drafting import draft_prefill
 from eaglet.speculative.verify import prefill
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class SpecSession(Session):
         no longer extended its draft cache, so the larger one decodes plainly too."""
         super().adopt(old)
         n = old.batch
-        self.dcache.copy_rows_from(old.dcache, torch.arange(n, device=self.roots.device))
+        self.dcache.copy_rows_from(old.dcache, range(n))
         self.state.seed[:n] = old.state.seed
         self.speculating = self.speculating and old.speculating
         self.admissions = old.admissions
@@ -70,16 +70,17 @@ class SpecSession(Session):
                 logits, aux = prefill(model, tview, prompts, self.eng.capture)
                 roots = self.sample(logits, rows)  # [n]
                 seed = draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots)
-            self.state.seed[torch.tensor(rows, device=seed.device)] = seed
+            self.state.seed[row_index(rows, seed.device)] = seed
             return roots
         all_roots = []
         for part_rows, part in parts:  # each: the target's graph, its roots, then the draft's graph
             (logits, aux), tview = self.prefills.run(part)
             roots = self.sample(logits[: len(part)], part_rows)  # [k]
-            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(part, roots), aux)
+            # The draft's anchors are each prompt shifted by one, then its root: the root goes in on the device.
+            (seed,), dview = self.eng.draft_prefills.run([p[1:] + [0] for p in part], aux, tail=roots)
             self.landing.land(tview, part_rows, max(map(len, part)))
             self.draft_landing.land(dview, part_rows, max(map(len, part)))
-            self.state.seed[torch.tensor(part_rows, device=seed.device)] = seed[: len(part)]
+            self.state.seed[row_index(part_rows, seed.device)] = seed[: len(part)]
             all_roots.append(roots)
         return torch.cat(all_roots)
 
