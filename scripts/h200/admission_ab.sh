@@ -12,10 +12,6 @@ run() {  # $1: what; $2: the tree's directory
     --limit 16 --max-new-tokens 16 --compile-prefill --profile 8 2>&1 | grep -v "^eaglet: \|[Ww]arn" \
     | tee -a "$OUT/admission_ab.txt")
 }
-rm -rf /tmp/ab_old
-if [ -n "$(ls -A .dev/ab 2>/dev/null)" ]; then
-  mkdir -p /tmp/ab_old && tar --exclude=./.git -cf - . | (cd /tmp/ab_old && tar xf -)
-  cp -r .dev/ab/. /tmp/ab_old/
-  run "earlier files" /tmp/ab_old
-fi
+source scripts/h200/ab_tree.sh
+[ -d /tmp/ab_old ] && run "earlier files" /tmp/ab_old
 run "this tree" .

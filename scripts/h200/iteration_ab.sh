@@ -13,12 +13,8 @@ run() {  # $1: what; $2: the tree's directory; the rest: spec_step_costs.py's fl
     --draft-vocab 24576 "${@:3}" --out /tmp/ab_row.jsonl 2>&1 | tail -1)
   [ -f /tmp/ab_row.jsonl ] && sed "s/^{/{\"run\": \"$1\", /" /tmp/ab_row.jsonl >> "$OUT/iteration_ab.jsonl"
 }
-rm -rf /tmp/ab_old
-if [ -n "$(ls -A .dev/ab 2>/dev/null)" ]; then
-  mkdir -p /tmp/ab_old && tar --exclude=./.git -cf - . | (cd /tmp/ab_old && tar xf -)
-  cp -r .dev/ab/. /tmp/ab_old/
-  run "earlier files" /tmp/ab_old
-fi
+source scripts/h200/ab_tree.sh
+[ -d /tmp/ab_old ] && run "earlier files" /tmp/ab_old
 run "this tree" .
 [ -d /tmp/ab_old ] && run "earlier files, again" /tmp/ab_old
 cut -c1-300 "$OUT/iteration_ab.jsonl"
