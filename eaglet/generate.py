@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglet.cuda_graph import GraphedStep, compiled, idle
+from eaglet.cuda_graph import GraphedStep, compiled, idle, to_device
 from eaglet.errors import EagletError
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
@@ -208,10 +208,10 @@ class DecodeChunks:
         ``sampled``: top-p and top-k of a sampled chunk, with ``temps`` [B] and ``uniform`` [steps][B];
         ``launched``: called once the chunk is queued, before the host reads it."""
         dev = self.left.device
-        self.left.copy_(torch.tensor(left, device=dev))
+        self.left.copy_(to_device(left, dev))
         if sampled is not None:
-            self.temps.copy_(torch.tensor(temps, device=dev))
-            self.uniform.copy_(torch.tensor(uniform, device=dev))
+            self.temps.copy_(to_device(temps, dev))
+            self.uniform.copy_(to_device(uniform, dev))
         out = self.chunk(sampled)()
         if launched is not None:
             launched()

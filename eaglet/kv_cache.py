@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eaglet.cuda_graph import to_device
 from eaglet.errors import EagletError
 from eaglet.models.slot_moves import move_slots
 
@@ -69,12 +70,12 @@ class AttnMeta:
 
 
 def row_index(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
-    """Rows of a batch to index its tensors with: neighbouring rows as a slice, others as an index tensor. A
-    tensor made from a list is copied to the device, and that copy waits for the device's queue to drain."""
+    """Rows of a batch to index its tensors with: neighbouring rows as a slice (nothing to copy to the device),
+    others as an index tensor (``to_device``: without waiting for the device)."""
     rows = list(rows)
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return slice(rows[0], rows[0] + len(rows))
-    return torch.tensor(rows, device=device)
+    return to_device(rows, device, torch.long)
 
 
 def stacked(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str

@@ -29,6 +29,7 @@ from itertools import accumulate
 
 import torch
 
+from eaglet.cuda_graph import to_device
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, DecodeChunks, StopChecker, eos_ids, prefill
 from eaglet.kv_cache import Landing, row_index
@@ -135,7 +136,7 @@ class Session:
             return logits.argmax(-1)
         uniform = [self.draws[i][0].random() if t else 0.0 for i, t in zip(rows, temps)]
         dev = logits.device
-        return sample_at(logits, torch.tensor(temps, device=dev), torch.tensor(uniform, device=dev), self.params)
+        return sample_at(logits, to_device(temps, dev), to_device(uniform, dev), self.params)
 
     def admit(self, rows: int | Sequence[int], prompts: list[list[int]],
               params: SamplingParams | Sequence[SamplingParams], draws: list[Draws] | None = None) -> list[list[int]]:
