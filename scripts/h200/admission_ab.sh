@@ -3,13 +3,15 @@
 # ~3 minutes, no GGUF): where a prompt's admission goes at batch 1, plain and speculative, random weights of SmolLM2's
 # shape, prompts of 160 tokens, the prefill fused and captured as bench and serve run it (scripts/prompt_timeline.py
 # --random smollm2-135m --compile-prefill --profile 8): this tree, and a copy of it with the files that .dev/ab holds
-# in place (at their paths in the repository, as iteration_ab.sh takes them). The tables in admission_ab.txt.
+# in place (at their paths in the repository, as iteration_ab.sh takes them). The tables and each compile's time
+# in admission_ab.txt (the steps' columns too: since 7e9db65 every layer's K is a view of one tensor, and
+# torch.compile sees the compiled steps' cache inputs share a storage).
 export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 run() {  # $1: what; $2: the tree's directory
   echo "### $1 $(date +%T)" | tee -a "$OUT/admission_ab.txt"
   (cd "$2" && PYTHONPATH=$PWD:/tmp/site timeout 240 python3 scripts/prompt_timeline.py --random smollm2-135m \
-    --limit 16 --max-new-tokens 16 --compile-prefill --profile 8 2>&1 | grep -v "^eaglet: \|[Ww]arn" \
+    --limit 16 --max-new-tokens 16 --compile-prefill --profile 8 2>&1 | grep -v "^eaglet: compiling \|[Ww]arn" \
     | tee -a "$OUT/admission_ab.txt")
 }
 source scripts/h200/ab_tree.sh
