@@ -160,8 +160,8 @@ def main() -> None:
             timeline(gen, p, params if i < 2 else short, device)
         rows = [timeline(gen, p, params, device) for p in prompts]
         print(summary(name, rows, getattr(gen, "chunk", 1) if name == "plain" else 1), flush=True)
-    for name, gen in gens.items():
-        if a.profile:
+    if a.profile:
+        for name, gen in gens.items():
             profile_admissions(gen, prompts[: a.profile], params, device, name)
 
 
