@@ -16,16 +16,6 @@ from contextlib import contextmanager
 import torch
 
 
-def to_device(data, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``torch.tensor(data, dtype=dtype, device=device)`` without waiting for the device. On CUDA a tensor made
-    there from a list is a copy from pageable memory, which waits for everything queued before it; this goes up
-    from pinned memory without blocking (torch keeps the pinned block until the copy has run), so the host's
-    work goes on while the device runs what it was given (docs/performance.md, session 38)."""
-    if torch.device(device).type != "cuda":
-        return torch.tensor(data, dtype=dtype, device=device)
-    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
-
-
 def persistent_compile_cache() -> None:
     """Keep torch.compile's artifacts under eaglet's cache, so a later process reuses them.
 

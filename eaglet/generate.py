@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglet.cuda_graph import GraphedStep, compiled, idle, to_device
+from eaglet.cuda_graph import GraphedStep, compiled, idle
 from eaglet.errors import EagletError
+from eaglet.kv_cache import to_device
 from eaglet.loading.target import Target
 from eaglet.models.layers import pack_linears
 from eaglet.parallel.state import broadcast_from_rank0

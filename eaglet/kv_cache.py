@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from eaglet.cuda_graph import to_device
 from eaglet.errors import EagletError
 from eaglet.models.slot_moves import move_slots
 
@@ -67,6 +66,16 @@ class AttnMeta:
         rel = (slot - lens).clamp(0, e - 1).expand(b, t, s)  # [B, T, S]
         new = (slot >= lens) & (slot < lens + e)
         return ((slot < lens) | (self.extra.gather(2, rel) & new)).unsqueeze(1)
+
+
+def to_device(data, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.tensor(data, dtype=dtype, device=device)`` without waiting for the device. On CUDA a tensor made
+    there from a list is a copy from pageable memory, which waits for everything queued before it; this goes up
+    from pinned memory without blocking (torch keeps the pinned block until the copy has run), so the host's
+    work goes on while the device runs what it was given (docs/performance.md, session 38)."""
+    if torch.device(device).type != "cuda":
+        return torch.tensor(data, dtype=dtype, device=device)
+    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def row_index(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:

@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from eaglet.cuda_graph import GraphedStep, to_device
-from eaglet.kv_cache import KVCache
+from eaglet.cuda_graph import GraphedStep
+from eaglet.kv_cache import KVCache, to_device
 
 MAX_TOKENS = 16384  # padded tokens of the largest graphed prefill (SmolLM2: a 377 MB scratch cache in bf16)
 # A graphed prefill's compute at most (2 FLOPs a parameter a token): ~30 ms on an H200, about what an eager

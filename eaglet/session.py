@@ -29,10 +29,9 @@ from itertools import accumulate
 
 import torch
 
-from eaglet.cuda_graph import to_device
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, DecodeChunks, StopChecker, eos_ids, prefill
-from eaglet.kv_cache import Landing, row_index
+from eaglet.kv_cache import Landing, row_index, to_device
 from eaglet.loading.target import Target
 from eaglet.parallel.state import broadcast_from_rank0
 from eaglet.prefill import PrefillGraphs
