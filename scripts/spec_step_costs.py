@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--context", type=int, default=300, help="committed tokens before timing")
     ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
-    ap.add_argument("--out", default=None, help="write the JSON lines here too")
+    ap.add_argument("--out", default=None, help="append the JSON lines to this file too")
     ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
     ap.add_argument("--int8-draft-head", action="store_true", help="the draft's LM head in int8 (CudaInt8Linear)")
     ap.add_argument("--argmax-chunk", type=int, default=None,
@@ -131,7 +131,7 @@ def main() -> None:
     if a.int8_draft_head:
         draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
     greedy = SamplingParams()
-    rows, lines = [], []
+    rows = []
     for b in a.batch:
         g = torch.Generator().manual_seed(b)
         prompts = [torch.randint(0, cfg.vocab_size, (a.context,), generator=g).tolist() for _ in range(b)]
@@ -176,11 +176,11 @@ def main() -> None:
                 row.update(draft_ms=grow, verify_accept_ms=upto_verify - grow, commit_extend_ms=full - upto_verify)
             row = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
             rows.append(row)
-            lines.append(json.dumps(row))
-            print(lines[-1], flush=True)
-            if a.out:  # each row as soon as it exists: a run stopped at its time limit keeps what it measured
-                with open(a.out, "w") as f:
-                    f.write("\n".join(lines) + "\n")
+            line = json.dumps(row)
+            print(line, flush=True)
+            if a.out:  # each row as soon as it exists, appended: a run stopped at its time limit keeps what it
+                with open(a.out, "a") as f:  # measured, and runs into one file (one shape each) keep theirs
+                    f.write(line + "\n")
     print(f"\n{'batch':>5} {'tree':>34} {'plain':>7} {'iter':>7} {'call':>7} {'draft':>7} {'verify':>7} "
           f"{'commit':>7} {'call/plain':>10} {'compile s':>9}")
     for r in rows:
