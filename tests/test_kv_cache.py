@@ -244,6 +244,25 @@ def test_copy_rows_from_lands_every_layer_in_neighbouring_or_scattered_rows(rows
     assert cache.lens[rows].tolist() == [5, 3] and not cache.lens[others].any()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory and non-blocking copies are CUDA's")
+def test_to_device_does_not_wait_for_the_queue_and_arrives_whole():
+    """Behind ~60 ms of queued device work, ``to_device`` returns at once (``torch.tensor(..., device=)`` would wait
+    for the queue to drain), and the values arrive whole once the queue has run."""
+    import time
+
+    from eaglet.kv_cache import to_device
+
+    rows = [list(range(i, i + 300)) for i in range(4)]
+    to_device(rows, "cuda", torch.long)  # the pinned allocator's first block of this size, as in a steady state
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)  # ~60 ms of a ~1.7 GHz clock
+    t0 = time.perf_counter()
+    x = to_device(rows, "cuda", torch.long)
+    waited = time.perf_counter() - t0
+    assert waited < 0.02, f"to_device waited {waited * 1e3:.1f} ms for the device"
+    assert x.tolist() == rows
+
+
 @torch.no_grad()
 def test_a_prefill_into_empty_rows_attends_without_a_mask(model, monkeypatch):
     """A causal append to empty rows (an eager prefill) takes SDPA's causal path, no dense mask: the same
