@@ -87,26 +87,24 @@ def row_index(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor
     return to_device(rows, device, torch.long)
 
 
-def stacked(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
-            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One zeroed buffer [L, *shape] and its layers' views: a row's slots of every layer move in one copy."""
-    stack = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
-    return stack, list(stack.unbind(0))
-
-
 class KVCache:
     def __init__(self, num_layers: int, batch: int, capacity: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
         self.capacity = capacity
         shape = (batch, n_kv, capacity, head_dim)
-        k, self.k = stacked(num_layers, shape, dtype, device)
-        v, self.v = stacked(num_layers, shape, dtype, device)
         # Every layer's K, then V, as one tensor [L, B, n_kv, capacity, D] each: a prefill landing in a batch's
         # rows (``copy_rows_from``) is one copy a stack, where a copy a layer's K and V was 60 host-side indexing
         # operations and kernel launches for SmolLM2 (~1 ms of an H100 admission's host time, session 38).
-        self.stacks = [k, v]
+        self.hold([torch.zeros((num_layers, *shape), dtype=dtype, device=device) for _ in range(2)])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
+
+    def hold(self, stacks: list[torch.Tensor]) -> None:
+        """Take ``stacks`` (K's, then V's if the cache has V) as this cache's storage; ``k``/``v`` are their
+        layers' views, what the models index by layer."""
+        self.stacks = stacks
+        layers = [list(t.unbind(0)) for t in stacks]
+        self.k, self.v = layers[0], (layers[1] if len(layers) > 1 else [])
 
     @property
     def batch(self) -> int:
@@ -134,9 +132,7 @@ class KVCache:
         row, so the buffers a captured graph reads stay the same tensors.
         """
         view = copy.copy(self)
-        view.k = [k[start:stop] for k in self.k]  # [stop-start, n_kv, capacity, D] views
-        view.v = [v[start:stop] for v in self.v]
-        view.stacks = [t[:, start:stop] for t in self.stacks]
+        view.hold([t[:, start:stop] for t in self.stacks])  # layers of [stop-start, n_kv, capacity, D] views
         view.lens = self.lens[start:stop]  # in-place updates reach the whole batch's lens
         view._rows = self._rows[: stop - start]
         return view
@@ -153,9 +149,7 @@ class KVCache:
             return t.flatten(1)[:, :per_layer].unflatten(1, (rows, t.shape[2], capacity, t.shape[4]))
 
         view = copy.copy(self)
-        view.stacks = [seen(t) for t in self.stacks]
-        layers = [list(t.unbind(0)) for t in view.stacks]
-        view.k, view.v = layers[0], (layers[1] if len(layers) > 1 else [])
+        view.hold([seen(t) for t in self.stacks])
         view.capacity = capacity
         view.lens = torch.zeros(rows, dtype=torch.long, device=self.lens.device)
         view._rows = torch.arange(rows, device=self.lens.device).unsqueeze(1)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from eaglet.errors import EagletError
-from eaglet.kv_cache import AttnMeta, KVCache, stacked
+from eaglet.kv_cache import AttnMeta, KVCache
 from eaglet.models.attention import sdpa
 from eaglet.models.deepseek_config import DeepseekConfig
 from eaglet.models.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, apply_rotary
@@ -48,9 +48,7 @@ class LatentCache(KVCache):
         self.capacity = capacity
         self.latent_dim = latent_dim
         shape = (batch, 1, capacity, latent_dim + rope_dim)
-        stack, self.k = stacked(num_layers, shape, dtype, device)
-        self.v: list[torch.Tensor] = []
-        self.stacks = [stack]
+        self.hold([torch.zeros((num_layers, *shape), dtype=dtype, device=device)])  # no V: k only
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
 

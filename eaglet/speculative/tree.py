@@ -82,11 +82,11 @@ def argmax_chunk(v: int) -> int | None:
     return next((c for c in ARGMAX_CHUNKS if v % c == 0), None)
 
 
-def chunks(x: torch.Tensor, chunk: int | None) -> int | None:
+def chunks(x: torch.Tensor, chunk: int | None, default: int | None = TOPK_CHUNK) -> int | None:
     """The chunk of a two-stage reduction over x's last dim (``top_k``, ``argmax``): ``chunk``, by default
-    TOPK_CHUNK on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
+    ``default`` on CUDA and none elsewhere; None (one stage) where it does not split V into at least four."""
     v = x.shape[-1]
-    chunk = (TOPK_CHUNK if x.device.type == "cuda" else None) if chunk is None else chunk
+    chunk = (default if x.device.type == "cuda" else None) if chunk is None else chunk
     return None if chunk is None or v % chunk or v < 4 * chunk else chunk
 
 
@@ -122,9 +122,7 @@ def argmax(x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     first chunk holding the row's. One reduction over few long rows runs few programs: the verify's argmax of 5-48
     rows of 49,152 logits took 9.5-9.9 us in session 16's profile."""
     v = x.shape[-1]
-    if chunk is None and x.device.type == "cuda":
-        chunk = argmax_chunk(v)
-    chunk = chunk and chunks(x, chunk)
+    chunk = chunks(x, chunk, argmax_chunk(v))
     if chunk is None:
         return x.argmax(-1)
     part = x.unflatten(-1, (v // chunk, chunk)).max(-1)  # [..., V/chunk]: each chunk's max and its index
