@@ -35,6 +35,22 @@ def draft_order(draft: Path) -> list[int]:
     raise SystemExit(f"{draft} holds no d2t tensor: not an EAGLE-3 draft with its own vocabulary")
 
 
+def outside(report: dict, order: list[int], encode, cuts: list[int]) -> tuple[list[int], dict[str, list[int]]]:
+    """(the vocabulary sizes counted: the whole one, then the cuts below it, ascending; per prompt set [answer
+    tokens, then how many lie outside each size]). ``order``: the draft's target ids, most frequent first;
+    ``encode``: text -> target ids."""
+    rank = {t: i for i, t in enumerate(order)}
+    sizes = [len(rank), *sorted(c for c in cuts if c < len(rank))]
+    counts: dict[str, list[int]] = defaultdict(lambda: [0] * (1 + len(sizes)))
+    for p in report["prompts"]:
+        row = counts[p.get("set") or "prompts"]
+        for t in encode(next(iter(p["methods"].values()))["text"]):
+            row[0] += 1
+            for i, n in enumerate(sizes):
+                row[1 + i] += rank.get(t, len(rank)) >= n
+    return sizes, dict(counts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--report", required=True, help="an `eaglet bench` report.json")
@@ -43,18 +59,9 @@ def main() -> None:
     ap.add_argument("--cuts", type=int, nargs="*", default=[12288])
     a = ap.parse_args()
 
-    report = json.loads(Path(a.report).read_text())
     tok = load_tokenizer(resolve_target_dir(a.target))
-    rank = {t: i for i, t in enumerate(draft_order(Path(a.draft)))}
-    sizes = [len(rank), *sorted(c for c in a.cuts if c < len(rank))]
-    counts: dict[str, list[int]] = defaultdict(lambda: [0] * (1 + len(sizes)))  # set -> [tokens, outside per size]
-    for p in report["prompts"]:
-        text = next(iter(p["methods"].values()))["text"]
-        row = counts[p.get("set") or "prompts"]
-        for t in encode_text(tok, text):
-            row[0] += 1
-            for i, n in enumerate(sizes):
-                row[1 + i] += rank.get(t, len(rank)) >= n
+    sizes, counts = outside(json.loads(Path(a.report).read_text()), draft_order(Path(a.draft)),
+                            lambda text: encode_text(tok, text), a.cuts)
     print(f"{'set':<16} {'tokens':>7}  " + "  ".join(f"outside {n:>6}" for n in sizes))
     for name, row in counts.items():
         print(f"{name:<16} {row[0]:>7}  " + "  ".join(f"{row[1 + i] / row[0]:>14.2%}" for i in range(len(sizes))))
