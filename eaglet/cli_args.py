@@ -75,3 +75,7 @@ def add_head_options(p: argparse.ArgumentParser) -> None:
                    help="serve the draft's LM head in int8: fbgemm's on an x86 CPU with a float32 target, where "
                         "the head is most of a draft step (default: there, unless --compile), a Triton GEMM on "
                         "CUDA (default: off; docs/speculative.md)")
+    p.add_argument("--extend-draft-vocab", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the draft's LM head over the target's whole vocabulary, the tokens it was not "
+                        "trained on given rows mapped from the target's LM head (default: on a CPU that serves "
+                        "the head in int8 over all its tokens; docs/speculative.md)")

@@ -42,7 +42,8 @@ def _sampling(a: Namespace) -> SamplingParams:
 def _engine(a: Namespace) -> EngineOptions:
     # cli_checks has made sure the three tree flags come together or not at all
     tree = TreeConfig(a.num_steps, a.topk, a.num_draft_tokens) if a.num_steps is not None else None
-    return EngineOptions(tree, a.compile, a.policy == "auto", a.compile_prefill, a.draft_vocab, a.int8_draft_head)
+    return EngineOptions(tree, a.compile, a.policy == "auto", a.compile_prefill, a.draft_vocab, a.int8_draft_head,
+                         a.extend_draft_vocab)
 
 
 def _regen(a: Namespace) -> RegenConfig:
@@ -103,6 +104,7 @@ def doctor(a: Namespace) -> DoctorConfig:
                         max_new_tokens=a.max_new_tokens, features=a.features, tp=a.tp, num_steps=a.num_steps,
                         topk=a.topk, num_draft_tokens=a.num_draft_tokens, temperature=a.temperature,
                         top_p=a.top_p, top_k=a.top_k, draft_vocab=a.draft_vocab, int8_head=a.int8_draft_head,
+                        extend_vocab=a.extend_draft_vocab,
                         max_context=t.max_context, device=t.device, dtype=t.dtype, json=a.json)
 
 

@@ -132,11 +132,11 @@ class EngineOptions:
     tree: TreeConfig | None = None  # None: automatic, per batch size
     compile: bool | None = None  # torch.compile the iteration; None: with CUDA graphs
     policy: bool = True  # may step down to smaller trees or plain decoding when speculation is slower
-    # Fuse the prefill buckets' forwards with torch.compile before capture; None: where they are captured (CUDA),
-    # except in `generate` (one prompt: ~3 ms saved for a compile of ~20-40 s; docs/performance.md, session 18).
-    compile_prefill: bool | None = None
+    # Fuse the prefill buckets with torch.compile before capture; None: where captured (CUDA), except in `generate`
+    compile_prefill: bool | None = None  # (one prompt: ~3 ms saved for a compile of ~20-40 s; docs/performance.md)
     draft_vocab: int | None = None  # a frequency-ordered draft's N most frequent tokens; None: load_engine_draft's
     int8_head: bool | None = None  # the draft's LM head in int8 (x86 CPU: float32, eager; CUDA); None: the device's
+    extend_vocab: bool | None = None  # the draft's head over the target's whole vocabulary; None: load's EXTEND_ON
 
     def fused_prefill(self, device: torch.device) -> bool:
         """Whether the engines on ``device`` fuse their prefill buckets: --compile-prefill as given, else on CUDA."""

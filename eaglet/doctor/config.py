@@ -34,6 +34,7 @@ class DoctorConfig:
     top_k: int = 0
     draft_vocab: int | None = None  # the draft's head as served (check 5): load_engine_draft's vocab, int8_head
     int8_head: bool | None = None
+    extend_vocab: bool | None = None
     max_context: int | None = None
     device: str = "cpu"
     dtype: str = "float32"

@@ -1,8 +1,9 @@
 """Check 5's served head: does the draft's LM head as the engine serves it propose what the trained one does?
 
-Serving may change the head the draft was trained with: a CPU serves it in int8 (``Int8Linear``) over the whole
-vocabulary, or in float32 cut to the most frequent tokens (``keep_vocab``); a GPU in int8 on request
-(``CudaInt8Linear``); ``--draft-vocab`` / ``--int8-draft-head`` choose. The trunk is untouched, so the draft is
+Serving may change the head the draft was trained with: a CPU serves it in int8 (``Int8Linear``) over the target's
+whole vocabulary (``extend_vocab``: rows for the tokens it lacks mapped from the target's head), or in float32 cut to
+the most frequent tokens (``keep_vocab``); a GPU in int8 on request (``CudaInt8Linear``); ``--draft-vocab`` /
+``--int8-draft-head`` / ``--extend-draft-vocab`` choose. The trunk is untouched, so the draft is
 unrolled once, teacher-forced as in training (``TTTLoss.unroll``), and both heads read each step's output at the
 answer anchors: how often each proposes the target's next token (acc_j, and the chain's predicted accept length
 from them) and how often the two heads propose the same token. A served head that loses more than ``TAU_DROP``
@@ -44,7 +45,10 @@ class HeadComparison:
 def describe(trained, served) -> str:
     kind = "int8" if isinstance(served.lm_head, INT8_HEADS) else str(served.fc.weight.dtype).removeprefix("torch.")
     n, whole = served.config.draft_vocab_size, trained.config.draft_vocab_size
-    vocab = f"the whole vocabulary ({n:,} tokens)" if n == whole else f"{n:,} of its {whole:,} tokens"
+    if n > whole:  # extended (``extend_vocab``)
+        vocab = f"its {whole:,} tokens and {n - whole:,} mapped from the target's head (all {n:,})"
+    else:
+        vocab = f"the whole vocabulary ({n:,} tokens)" if n == whole else f"{n:,} of its {whole:,} tokens"
     return f"{kind}, {vocab}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,10 @@ DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 SERVE_VOCAB = {"cpu": 12288}
 # The draft's LM head as served in int8: fbgemm's on an x86 CPU, eaglet's Triton GEMM on CUDA.
 INT8_HEADS = (Int8Linear, CudaInt8Linear)
+# Where the draft's head is extended to the target's whole vocabulary by default (``extend_vocab``; with the head in
+# int8 and no --draft-vocab cut): on the 2-core CPU SmolLM2's 5,2,8 accepted 3.52 / 2.94 (bench / other prompts)
+# against 3.43 / 2.91 at the same speed (session 39, docs/performance.md); on CUDA not yet measured.
+EXTEND_ON = ("cpu",)
 # Whether a CUDA target serves the draft's head in int8 by default (``--int8-draft-head`` either way): off, since on
 # an H100 its 1.6% off SmolLM2's 6,8,48 iteration came with 0.03-0.07 less accepted a verify (session 37).
 CUDA_INT8_HEAD = False
@@ -59,7 +64,8 @@ def resolve_draft(spec: str, target: Target) -> Path | None:
     return Path(spec).expanduser()
 
 
-def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8_head: bool | None = None):
+def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8_head: bool | None = None,
+                      extend: bool | None = None):
     """The draft at ``path``, on the target's device and in its dtype, its projections fused for
     serving; a draft recorded for another target (hidden size, vocabulary, layers, tokenizer) is refused.
 
@@ -67,7 +73,10 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
     refuses a draft listed by token id); default: all of them where the head is served in int8, else
     SERVE_VOCAB for the device, where the draft allows it. ``int8_head``: serve the LM head in int8
     (``Int8Linear`` for a float32 target on an x86 CPU, not under torch.compile; ``CudaInt8Linear`` on CUDA
-    with Triton); None: the device's default (a CPU wherever possible, CUDA if CUDA_INT8_HEAD)."""
+    with Triton); None: the device's default (a CPU wherever possible, CUDA if CUDA_INT8_HEAD). ``extend``: serve
+    over the target's whole vocabulary, the rows the draft lacks mapped from the target's LM head
+    (``Eagle3Draft.extend_vocab``); None: where the head is served in int8 over all its tokens on a device of
+    EXTEND_ON."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
@@ -77,11 +86,22 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
         raise EagletError("an int8 draft head needs a float32 target on an x86 CPU (fbgemm's int8 GEMM) or a CUDA "
                           f"GPU with Triton; this one is {str(p.dtype).removeprefix('torch.')} on {p.device.type}")
     int8_head = (on_cpu or (on_cuda and CUDA_INT8_HEAD)) if int8_head is None else int8_head
+    if extend and vocab is not None:
+        raise EagletError(f"--extend-draft-vocab serves the target's whole vocabulary and --draft-vocab {vocab} cuts "
+                          "the draft's: give one of them")
     draft, _ = load_draft_for(path, target, device=p.device, dtype=p.dtype)
     if vocab is None and draft.config.vocab_by_frequency and not int8_head:
         vocab = SERVE_VOCAB.get(p.device.type)
     if vocab is not None:
         draft.keep_vocab(vocab)
+    if extend:
+        try:
+            draft.extend_vocab(target.model.lm_head.weight)
+        except EagletError as e:
+            raise EagletError(f"--extend-draft-vocab: {e} ({path}); leave the flag out") from None
+    elif extend is None and vocab is None and int8_head and p.device.type in EXTEND_ON:
+        with contextlib.suppress(EagletError):  # the default: a draft it does not suit is served as trained
+            draft.extend_vocab(target.model.lm_head.weight)
     if int8_head:
         draft.lm_head = (CudaInt8Linear if on_cuda else Int8Linear)(draft.lm_head.weight)
     return draft.fuse_projections()
@@ -100,6 +120,7 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
         raise EagletError("--int8-draft-head does not go with --compile (torch.compile cannot trace the int8 "
                           "head's packed weights); leave one of them out")
     int8_head = False if on_cpu and options.compile else options.int8_head
-    return SpecEngine(target, load_engine_draft(path, target, options.draft_vocab, int8_head), max_context,
+    draft = load_engine_draft(path, target, options.draft_vocab, int8_head, options.extend_vocab)
+    return SpecEngine(target, draft, max_context,
                       *options.tree_flags, compile=options.compile, adaptive=options.policy,
                       compile_prefill=options.fused_prefill(target.model.embed.weight.device), **kw)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from eaglet.bench.prompts import load_prompt_sets, load_prompts
 from eaglet.bench.report import acceptance_by_position
 from eaglet.cli import main
 from eaglet.errors import EagletError
+from tests.conftest import save_random_draft
 
 
 def test_bench_all_methods(chat_model_dir, draft_dir, prompts_file, tmp_path, capsys):
@@ -227,6 +229,37 @@ def test_a_frequency_ordered_draft_serves_the_vocabulary_asked_or_the_devices_de
     served.append(json.loads((tmp_path / "by-id" / "report.json").read_text())["config"]["draft_vocab"])
     assert served == [96, 40, 160, 160]
 
+
+
+def test_a_cpu_serves_a_related_draft_head_over_the_whole_vocabulary(chat_model_dir, tmp_path, capsys):
+    """A draft whose head follows the target's (here: the target's own rows) is served over the target's whole
+    vocabulary on a CPU by default (``extend_vocab``), as trained with --no-extend-draft-vocab; the flag asked of a
+    draft it cannot map, or beside --draft-vocab, is one sentence and exit status 2."""
+    import dataclasses
+
+    from eaglet.draft.checkpoint import load_draft, save_draft
+    from eaglet.loading import load_target
+
+    head = load_target(str(chat_model_dir)).model.lm_head.weight
+    random_dir = save_random_draft(chat_model_dir, tmp_path / "random", 288)
+    draft, cfg = load_draft(random_dir, 3)
+    draft.config = dataclasses.replace(draft.config, vocab_by_frequency=True)  # so that --draft-vocab may cut it
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(head[draft.vocab_ids()])
+    save_draft(draft, tmp_path / "related", target=cfg["eaglet"]["target"])
+    common = ["bench", "--target", str(chat_model_dir), "--max-new-tokens", "4", "--methods", "spec", "--limit", "1"]
+    served = []
+    for name, extra in (("related", []), ("related", ["--no-extend-draft-vocab"]), ("random", [])):
+        out = tmp_path / f"run{len(served)}"
+        assert main([*common, "--draft", str(tmp_path / name), "--out", str(out), *extra]) == 0
+        served.append(json.loads((out / "report.json").read_text())["config"]["draft_vocab"])
+    assert served == [320, 288, 288]  # the random draft's head fits the target's at R^2 ~0.2: served as trained
+    gen = ["generate", "--target", str(chat_model_dir), "--prompt", "hi", "--max-new-tokens", "2",
+           "--extend-draft-vocab"]
+    assert main([*gen, "--draft", str(random_dir)]) == 2
+    assert "--extend-draft-vocab: the draft's head is unrelated to the target's" in capsys.readouterr().err
+    assert main([*gen, "--draft", str(tmp_path / "related"), "--draft-vocab", "40"]) == 2
+    assert "give one of them" in capsys.readouterr().err
 
 def test_an_int8_draft_head_is_refused_where_it_cannot_run(chat_model_dir, draft_dir, capsys):
     """--int8-draft-head with --compile, or with a target in bfloat16: one sentence and exit status 2."""

@@ -14,7 +14,7 @@ from eaglet.sampling import SamplingParams
 from eaglet.speculative import SpecEngine
 from eaglet.speculative.drafting import draft_prefill
 from eaglet.speculative.verify import prefill
-from tests.speculative.conftest import random_draft
+from tests.speculative.conftest import echo_draft, random_draft, repeat_prone, tiny_target
 
 TREES = {"chain": (4, 1, 5), "tree": (4, 3, 12), "wide": (3, 4, 21), "one-step": (1, 3, 4)}
 CONTEXT = 160
@@ -373,3 +373,63 @@ def test_fallback_shares_plain_decodings_geometry(agreeing):
     assert big._cache(1)[0].capacity == CONTEXT + TREE_SLACK + 16
     out = big.generate(prompts_of([5]), SamplingParams(max_new_tokens=8))
     assert out[0].tokens == plain.generate(prompts_of([5]), SamplingParams(max_new_tokens=8))[0].tokens
+
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A repeat-prone target of 384 tokens (hidden 64: enough rows a dimension to fit ``extend_vocab``'s map), its
+    echo draft, and plain decoding's output."""
+    target = repeat_prone(tiny_target(tmp_path_factory.mktemp("wide"), vocab=384))
+    prompts = prompts_of([7, 12, 3, 9])
+    return target, echo_draft(target), prompts, PlainGenerator(target, CONTEXT).generate(
+        prompts, SamplingParams(max_new_tokens=48))
+
+
+def test_an_extended_vocabulary_proposes_again_what_the_draft_lacked(wide):
+    """The echo draft without the 4 tokens plain decoding writes most, then ``extend_vocab``: its head is the
+    target's, so the map is the identity and the missing rows come back as the target's; the trained rows and their
+    order stay first, the output is plain decoding's, and the lacking tokens are proposed and accepted again."""
+    target, echo, prompts, plain = wide
+    vocab = target.config.vocab_size
+    written = torch.tensor([t for o in plain for t in o.tokens])
+    order = torch.argsort(torch.bincount(written, minlength=vocab), stable=True)  # the most written last
+    draft = copy.deepcopy(echo)
+    draft.config = dataclasses.replace(draft.config, vocab_by_frequency=True)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(echo.lm_head.weight[order])
+    draft.set_vocab(order)
+    draft.keep_vocab(vocab - 4)
+    kept, trained_rows = draft.vocab_ids(), draft.lm_head.weight.clone()
+    lacking = spec(target, draft, "tree").generate(prompts, SamplingParams(max_new_tokens=48))
+
+    assert draft.extend_vocab(target.model.lm_head.weight) > 0.999
+    assert draft.config.draft_vocab_size == vocab and draft.t2d.all()
+    assert torch.equal(draft.vocab_ids()[: vocab - 4], kept)
+    assert sorted(draft.vocab_ids().tolist()) == list(range(vocab))
+    assert torch.equal(draft.lm_head.weight[: vocab - 4], trained_rows)
+    added = draft.vocab_ids()[vocab - 4:]
+    assert sorted(added.tolist()) == sorted(order[-4:].tolist())
+    torch.testing.assert_close(draft.lm_head.weight[vocab - 4:], target.model.lm_head.weight[added], atol=1e-4,
+                               rtol=1e-4)
+    out = spec(target, draft, "tree").generate(prompts, SamplingParams(max_new_tokens=48))
+    assert [o.tokens for o in out] == [p.tokens for p in plain] == [o.tokens for o in lacking]
+    assert sum(len(o.accept_lengths) for o in out) < sum(len(o.accept_lengths) for o in lacking), "fewer verifies"
+
+
+def test_extend_vocab_refuses_what_it_cannot_map(wide):
+    """A head unrelated to the target's, too few rows to fit, a whole vocabulary, a shard: one sentence each, the
+    draft unchanged."""
+    target, echo, _, _ = wide
+    head = target.model.lm_head.weight
+    unrelated = random_draft(target, seed=3, draft_vocab=300)
+    ids = unrelated.vocab_ids().clone()
+    with pytest.raises(EagletError, match=r"unrelated to the target's \(the map between them fits at R\^2 0\.\d+"):
+        unrelated.extend_vocab(head)
+    assert unrelated.config.draft_vocab_size == 300 and torch.equal(unrelated.vocab_ids(), ids)
+    with pytest.raises(EagletError, match="too few to fit a map of 64 dimensions"):
+        random_draft(target, draft_vocab=200).extend_vocab(head)
+    with pytest.raises(EagletError, match="whole one already"):
+        copy.deepcopy(echo).extend_vocab(head)
+    with pytest.raises(EagletError, match="a shard under tensor parallelism"):
+        random_draft(target, draft_vocab=300).extend_vocab(head[:192])
