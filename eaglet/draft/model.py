@@ -261,16 +261,16 @@ class Eagle3Draft(nn.Module):
         the shipped SmolLM2 draft's lie at cosine ~0.87 from them; taken as they are, the target's rows outbid the
         trained ones and the accept length fell from 2.9 to 2.1). The trained rows and their order stay first, so
         a prefix is still the most frequent tokens. Returns the map's R^2 over the trained rows; refuses (one
-        sentence, nothing changed) a draft whose vocabulary is whole already, a shard of a head (tensor
-        parallelism), fewer than ``MIN_ROWS`` trained rows a hidden dimension (too few to fit the map) or a fit
-        below ``MIN_FIT`` (a head unrelated to the target's). Outputs stay the target's: only proposals change."""
+        sentence, nothing changed) a draft whose vocabulary is whole already, a head of another shape (a shard:
+        pass whole rows, ``head_rows``), fewer than ``MIN_ROWS`` trained rows a hidden dimension (too few to fit
+        the map) or a fit below ``MIN_FIT`` (a head unrelated to the target's). Outputs stay the target's: only
+        proposals change."""
         ids = self.vocab_ids()  # [Vd]
         vocab, h = self.config.vocab_size, self.config.hidden_size
         if ids.numel() == vocab:
             raise EagletError("the draft's vocabulary is the target's whole one already")
         if tuple(target_head.shape) != (vocab, h):
-            raise EagletError(f"the target's LM head here is {tuple(target_head.shape)}, not [{vocab}, {h}] (a shard "
-                              "under tensor parallelism?)")
+            raise EagletError(f"the target's LM head given is {tuple(target_head.shape)}, not [{vocab}, {h}]")
         if ids.numel() < MIN_ROWS * h:
             raise EagletError(f"the draft's {ids.numel()} tokens are too few to fit a map of {h} dimensions "
                               f"(at least {MIN_ROWS * h})")
