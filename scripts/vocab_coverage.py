@@ -17,22 +17,15 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
-
 from eaglet.chat import encode_text
+from eaglet.draft.checkpoint import load_draft
+from eaglet.loading.hf import read_config
 from eaglet.loading.target import load_tokenizer, resolve_target_dir
 
 
-def draft_order(draft: Path) -> list[int]:
-    """The target id of each draft id, in the draft's order (``d2t``: target id = draft id + offset)."""
-    for shard in sorted(draft.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            name = next((k for k in f.keys() if k.endswith("d2t")), None)
-            if name is not None:
-                d2t = f.get_tensor(name)
-                return (torch.arange(d2t.numel()) + d2t).tolist()
-    raise SystemExit(f"{draft} holds no d2t tensor: not an EAGLE-3 draft with its own vocabulary")
+def draft_order(draft: Path, num_layers: int) -> list[int]:
+    """The target id of each draft id, in the draft's order (``Eagle3Draft.vocab_ids``)."""
+    return load_draft(draft, num_layers)[0].vocab_ids().tolist()
 
 
 def outside(report: dict, order: list[int], encode, cuts: list[int]) -> tuple[list[int], dict[str, list[int]]]:
@@ -59,8 +52,10 @@ def main() -> None:
     ap.add_argument("--cuts", type=int, nargs="*", default=[12288])
     a = ap.parse_args()
 
-    tok = load_tokenizer(resolve_target_dir(a.target))
-    sizes, counts = outside(json.loads(Path(a.report).read_text()), draft_order(Path(a.draft)),
+    target_dir = resolve_target_dir(a.target)
+    tok = load_tokenizer(target_dir)
+    order = draft_order(Path(a.draft), read_config(target_dir).num_layers)
+    sizes, counts = outside(json.loads(Path(a.report).read_text()), order,
                             lambda text: encode_text(tok, text), a.cuts)
     print(f"{'set':<16} {'tokens':>7}  " + "  ".join(f"outside {n:>6}" for n in sizes))
     for name, row in counts.items():

@@ -28,7 +28,7 @@ def test_counts_follow_the_drafts_order_and_cuts(tmp_path):
     draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), 128))
     draft.set_vocab(torch.arange(259, 131, -1))
     save_draft(draft, tmp_path / "draft", dtype=torch.float32)
-    order = vocab_coverage.draft_order(tmp_path / "draft")
+    order = vocab_coverage.draft_order(tmp_path / "draft", cfg.num_layers)
     assert order == list(range(259, 131, -1))
 
     tok = load_tokenizer(target)

@@ -275,9 +275,9 @@ class Eagle3Draft(nn.Module):
             raise EagletError(f"the draft's {ids.numel()} tokens are too few to fit a map of {h} dimensions "
                               f"(at least {MIN_ROWS * h})")
         theirs = target_head.detach().float()
-        mine = self.lm_head.weight.detach().float()  # [Vd, H]
-        fit = torch.linalg.lstsq(theirs[ids], mine).solution  # [H, H]
-        r2 = 1.0 - float((theirs[ids] @ fit - mine).pow(2).sum() / (mine - mine.mean(0)).pow(2).sum())
+        mine, known = self.lm_head.weight.detach().float(), theirs[ids]  # [Vd, H] each
+        fit = torch.linalg.lstsq(known, mine).solution  # [H, H]
+        r2 = 1.0 - float((known @ fit - mine).pow(2).sum() / (mine - mine.mean(0)).pow(2).sum())
         if r2 < MIN_FIT:
             raise EagletError(f"the draft's head is unrelated to the target's (the map between them fits at R^2 "
                               f"{r2:.2f}, below {MIN_FIT})")

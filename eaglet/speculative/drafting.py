@@ -28,15 +28,15 @@ def _clamped(meta, max_pos: int):
 def draft_prefill(draft, embed, cache: KVCache, prompts: list[list[int]], aux: torch.Tensor,
                   roots: torch.Tensor) -> torch.Tensor:
     """Anchors 0..P-1 of each prompt; aux [B, T, k*H] from the target's prefill -> seed [B, H]."""
-    ids, lengths = pad_batch(anchor_tokens(prompts, roots), cache.lens.device)  # ids [B, T]
+    ids, lengths = pad_batch(anchor_tokens(prompts, roots.tolist()), cache.lens.device)  # ids [B, T]
     seed = draft_anchors(draft, embed, cache, ids, lengths - 1, aux)
     cache.advance(lengths)
     return seed
 
 
-def anchor_tokens(prompts: list[list[int]], roots: torch.Tensor) -> list[list[int]]:
+def anchor_tokens(prompts: list[list[int]], roots: list[int]) -> list[list[int]]:
     """The token after each prompt position: the prompt shifted by one, then its sampled root."""
-    return [p[1:] + [r] for p, r in zip(prompts, roots.tolist())]
+    return [p[1:] + [r] for p, r in zip(prompts, roots)]
 
 
 def draft_anchors(draft, embed, cache: KVCache, ids: torch.Tensor, last: torch.Tensor, aux: torch.Tensor,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -97,14 +96,11 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
     if extend or (extend is None and vocab is None and int8_head and p.device.type in EXTEND_ON):
         # whole rows on every rank under tensor parallelism too; each rank decides alike
         head = target.model.head_rows(torch.arange(target.config.vocab_size, device=p.device))  # [V, H]
-        if extend:
-            try:
-                draft.extend_vocab(head)
-            except EagletError as e:
+        try:
+            draft.extend_vocab(head)
+        except EagletError as e:
+            if extend:  # by default a draft it does not suit is served as trained
                 raise EagletError(f"--extend-draft-vocab: {e} ({path}); leave the flag out") from None
-        else:
-            with contextlib.suppress(EagletError):  # the default: a draft it does not suit is served as trained
-                draft.extend_vocab(head)
     if int8_head:
         draft.lm_head = (CudaInt8Linear if on_cuda else Int8Linear)(draft.lm_head.weight)
     return draft.fuse_projections()

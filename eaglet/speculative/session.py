@@ -21,7 +21,7 @@ import torch
 from eaglet.kv_cache import Landing, row_index
 from eaglet.sampling import SamplingParams
 from eaglet.session import Session
-from eaglet.speculative.drafting import draft_prefill
+from eaglet.speculative.drafting import anchor_tokens, draft_prefill
 from eaglet.speculative.verify import prefill
 
 if TYPE_CHECKING:
@@ -76,8 +76,8 @@ class SpecSession(Session):
         for part_rows, part in parts:  # each: the target's graph, its roots, then the draft's graph
             (logits, aux), tview = self.prefills.run(part)
             roots = self.sample(logits[: len(part)], part_rows)  # [k]
-            # The draft's anchors are each prompt shifted by one, then its root: the root goes in on the device.
-            (seed,), dview = self.eng.draft_prefills.run([p[1:] + [0] for p in part], aux, tail=roots)
+            # The draft's anchors with a placeholder for each root, which goes in on the device (``tail``).
+            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(part, [0] * len(part)), aux, tail=roots)
             self.landing.land(tview, part_rows, max(map(len, part)))
             self.draft_landing.land(dview, part_rows, max(map(len, part)))
             self.state.seed[row_index(part_rows, seed.device)] = seed[: len(part)]
