@@ -11,8 +11,6 @@ accept 2.11 against 2.94 on the 2-core CPU's other set).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -30,15 +28,14 @@ def main() -> None:
     a = ap.parse_args()
 
     target = load_target(a.target)
-    draft, _ = load_draft_for(a.draft, target)
+    draft, cfg = load_draft_for(a.draft, target)
     trained = draft.config.draft_vocab_size
     head = target.model.lm_head.weight
     r2 = draft.extend_vocab(head)
     if a.rows == "raw":
         with torch.no_grad():
             draft.lm_head.weight[trained:] = head[draft.vocab_ids()[trained:]]
-    recorded = json.loads((Path(a.draft) / "config.json").read_text())["eaglet"]["target"]
-    save_draft(draft, a.out, target=recorded, dtype=torch.float32, split_rows=True)
+    save_draft(draft, a.out, target=cfg["eaglet"]["target"], dtype=torch.float32, split_rows=True)
     rows = "the target's as they are" if a.rows == "raw" else f"mapped (R^2 {r2:.3f})"
     print(f"eaglet: {a.out}: {draft.config.draft_vocab_size} tokens, {trained} trained, the others' rows {rows}")
 
