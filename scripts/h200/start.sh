@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the H200, the last staging call (carry [".dev/q10"]): part 10 and the gguf wheel, the GGUF's checksum (or, on
+# On the H200, the last staging call (carry the last part's folder, [".dev/q14"]): that part and the gguf wheel, the GGUF's checksum (or, on
 # a machine that has run a plan already, the GGUF left in place), this tree copied to /tmp/eg/repo, then the plan
 # scripts/h200/$2 started in a session of its own (it outlives this call; its log is /tmp/eg/log, what it keeps goes
 # to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1 seconds. Further names after $2 run
@@ -8,14 +8,15 @@
 set -e
 if [ -f /tmp/smol.gguf ] && [ ! -f /tmp/smol.gguf.part ]; then
   # A second plan on a machine still warm from the first (as in session 36): the GGUF is in place already.
-  echo "/tmp/smol.gguf staged by an earlier call: part 10 not appended"
+  echo "/tmp/smol.gguf staged by an earlier call: the last part not appended"
 else
-  cat .dev/q10/part >> /tmp/smol.gguf.part
+  # The one part folder this call carries (the others are not on the device).
+  cat .dev/q*/part >> /tmp/smol.gguf.part
   sum=$(md5sum /tmp/smol.gguf.part | cut -d' ' -f1)
   [ "$sum" = a1231443440b107ff29f02bdb38c9d0a ] || { echo "the staged GGUF's md5 is $sum: a part is missing"; exit 1; }
   mv /tmp/smol.gguf.part /tmp/smol.gguf
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/q10/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/q*/*.whl
 rm -rf /tmp/eg/repo /tmp/eg/DONE /tmp/eg/res && mkdir -p /tmp/eg/repo /tmp/eg/res
 # The tree and what else this call carries in .dev (an earlier kernel for iteration_ab.sh), not the GGUF's parts.
 tar --exclude='./.dev/q*' --exclude='./.dev/p*' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Here (no argument): download the wheels `eaglet serve` needs that the H200's image lacks into the ignored
 # .dev/p8 (~4.5 MiB; its own call: the start call is full with part 10).
-# On the H200 (`bash scripts/h200/wheels.sh install`, carry [".dev/p8"], a call between stage.sh 9 and
+# On the H200 (`bash scripts/h200/wheels.sh install`, carry [".dev/p8"], a call between the last stage.sh and
 # start.sh): install them into /tmp/site, which the plans put on PYTHONPATH.
 set -e
 if [ "$1" = install ]; then
