@@ -113,10 +113,11 @@ def prefill(target: Target, cache, prompts: list[list[int]]) -> torch.Tensor:
 
 
 def prefill_forward(model, cache, ids: torch.Tensor, last: torch.Tensor, capture: tuple[int, ...] = (),
-                    n_slots: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    n_slots: int | None = None, empty: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ids [B, T] after each row's committed slots (not advanced) -> (logits at each row's position ``last``
-    [B, V], the captured points [B, T, k*H] or None). ``n_slots``: static shapes (``prefill.PrefillGraphs``)."""
-    h, aux = model(ids, cache.append_meta(ids.shape[1], n_slots), cache, capture=capture)
+    [B, V], the captured points [B, T, k*H] or None). ``n_slots``: static shapes; ``empty``: the rows hold nothing
+    (both: ``prefill.PrefillGraphs``)."""
+    h, aux = model(ids, cache.append_meta(ids.shape[1], n_slots, empty), cache, capture=capture)
     return model.logits(h[torch.arange(ids.shape[0], device=ids.device), last]), aux
 
 
@@ -155,7 +156,7 @@ def target_prefills(target: Target, capacity: int, graphs: bool, bucketed: bool 
     model = target.model
 
     def forward(ids: torch.Tensor, last: torch.Tensor, cache) -> tuple[torch.Tensor, ...]:
-        logits, aux = prefill_forward(model, cache, ids, last, capture, ids.shape[1])
+        logits, aux = prefill_forward(model, cache, ids, last, capture, ids.shape[1], empty=True)
         return (logits, aux) if capture else (logits,)
 
     params = sum(p.numel() for p in model.parameters())

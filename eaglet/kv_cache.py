@@ -39,6 +39,10 @@ class AttnMeta:
     extra: torch.Tensor | None = None  # [B, T, E] new token t sees slot lens + e
     n_slots: int | None = None  # S of the dense mask (static shapes); None: the slots in use
     causal: bool = False  # ``extra`` is the causal mask of tokens appended after ``lens`` (``append_meta``)
+    # The rows hold nothing committed, known when the forward is built (a graphed prefill resets its scratch rows
+    # first): attention is then SDPA's causal path at every length, with no test of the length that a compiled
+    # forward of symbolic lengths would guard on (the Triton kernel's 128 tokens split each compile in two).
+    empty: bool = False
     _longest: int | None = None  # the most slots a row has committed, read from ``lens`` once (eager forwards)
 
     def longest(self) -> int:
@@ -47,10 +51,10 @@ class AttnMeta:
         return self._longest
 
     def from_empty(self) -> bool:
-        """Whether this is an eager causal append to rows with nothing committed (a prefill), so that each new
-        token sees exactly the new tokens before it and attention needs no mask. An eager forward reads ``lens``
-        once for this and its dense mask; a forward of static shapes (``n_slots``: graphs) never does."""
-        return self.causal and self.n_slots is None and self.longest() == 0
+        """Whether this is a causal append to rows with nothing committed (a prefill), so that each new token sees
+        exactly the new tokens before it and attention needs no mask: ``empty``, or an eager forward that reads
+        ``lens`` once for this and its dense mask (a forward of static shapes, ``n_slots``, never reads it)."""
+        return self.causal and (self.empty or (self.n_slots is None and self.longest() == 0))
 
     def dense_mask(self) -> torch.Tensor:
         """[B, 1, T, S] True = attend; built once per forward (every layer reads the same one)."""
@@ -177,12 +181,13 @@ class KVCache:
                 "raise --max-context or shorten the prompt"
             )
 
-    def append_meta(self, n_new: int, n_slots: int | None = None) -> AttnMeta:
-        """Causal metadata for ``n_new`` tokens appended after each row's committed slots."""
+    def append_meta(self, n_new: int, n_slots: int | None = None, empty: bool = False) -> AttnMeta:
+        """Causal metadata for ``n_new`` tokens appended after each row's committed slots (``empty``: there are
+        none, as in a graphed prefill's scratch rows)."""
         offs = torch.arange(n_new, device=self.lens.device)
         positions = self.lens.unsqueeze(1) + offs  # [B, T]
         causal = (offs.view(1, -1) <= offs.view(-1, 1)).expand(self.batch, n_new, n_new)  # [B, T, T]
-        return AttnMeta(positions, positions, lens=self.lens, extra=causal, n_slots=n_slots, causal=True)
+        return AttnMeta(positions, positions, lens=self.lens, extra=causal, n_slots=n_slots, causal=True, empty=empty)
 
     def tree_meta(self, depth: torch.Tensor, tree_mask: torch.Tensor, n_slots: int | None = None) -> AttnMeta:
         """Metadata for a tree of ``n`` nodes written after the committed slots.

@@ -29,14 +29,15 @@ if HAS_TRITON and torch.cuda.is_available():
     import eaglet.models.tree_attention  # noqa: F401
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
-    """F.scaled_dot_product_attention, never with its cuDNN kernel in eager CUDA calls: that kernel builds a
-    plan for every new shape (~1 s per training step on an H200 with length-bucketed batches, measured),
-    where the others need none, and training batches, prefills and regeneration's admissions bring new
-    shapes all the time. Compiled steps have static shapes: a plan there would be built once."""
-    eager_cuda = q.is_cuda and not torch.compiler.is_compiling()
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes_vary: bool = False, **kw) -> torch.Tensor:
+    """F.scaled_dot_product_attention, never with its cuDNN kernel in eager CUDA calls nor where ``shapes_vary``
+    (attention over a cache, compiled with symbolic lengths in the graphed prefills): that kernel builds a plan
+    for every new shape (~1 s per training step on an H200 with length-bucketed batches, measured), where the
+    others need none, and training batches, prefills and regeneration's admissions bring new shapes all the time
+    (torch 2.11 puts cuDNN first on Hopper). Other compiled steps have static shapes: a plan there is built once."""
+    plan_free = q.is_cuda and (shapes_vary or not torch.compiler.is_compiling())
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]) \
-            if eager_cuda else nullcontext():
+            if plan_free else nullcontext():
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
@@ -52,26 +53,27 @@ def kernel_applies(device: torch.device, head_dim: int, meta: AttnMeta) -> bool:
 
 def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor:
     """q [B, T, nq, D] over ``layer`` of the cache (this forward's K/V already written) -> [B, T, nq, D]."""
-    if kernel_applies(q.device, q.shape[-1], meta):
+    if not meta.empty and kernel_applies(q.device, q.shape[-1], meta):
         from eaglet.models.tree_attention import tree_attention
 
         return tree_attention(q, cache.k[layer], cache.v[layer], meta.lens, meta.extra)
     if meta.from_empty():  # a prefill into empty rows: causal over its own tokens, SDPA's fused kernels apply
         keys, vals = cache.view(layer, q.shape[1])
-        return attention(q.transpose(1, 2), keys, vals, None, causal=True).transpose(1, 2)
+        return attention(q.transpose(1, 2), keys, vals, None, causal=True, shapes_vary=True).transpose(1, 2)
     mask = meta.dense_mask()
     keys, vals = cache.view(layer, mask.shape[-1])  # [B, nkv, S, D]
-    return attention(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)
+    return attention(q.transpose(1, 2), keys, vals, mask, shapes_vary=True).transpose(1, 2)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              causal: bool = False) -> torch.Tensor:
-    """q [B, nq, T, D], k/v [B, nkv, S, D], mask [B, 1, T, S] (True = attend) -> [B, nq, T, D]."""
+              causal: bool = False, shapes_vary: bool = False) -> torch.Tensor:
+    """q [B, nq, T, D], k/v [B, nkv, S, D], mask [B, 1, T, S] (True = attend) -> [B, nq, T, D]. ``shapes_vary``:
+    as ``sdpa`` takes it."""
     use_grouped = not causal and mask is not None and (
         IMPL == "grouped" or (IMPL == "auto" and q.is_cuda and q.shape[2] <= GROUPED_MAX_QUERIES)
     )
     if not use_grouped:
-        return sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+        return sdpa(q, k, v, shapes_vary, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
     b, nq, t, d = q.shape
     nkv, s = k.shape[1], k.shape[2]
     g = nq // nkv

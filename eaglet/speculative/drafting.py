@@ -40,10 +40,11 @@ def anchor_tokens(prompts: list[list[int]], roots: list[int]) -> list[list[int]]
 
 
 def draft_anchors(draft, embed, cache: KVCache, ids: torch.Tensor, last: torch.Tensor, aux: torch.Tensor,
-                  n_slots: int | None = None) -> torch.Tensor:
+                  n_slots: int | None = None, empty: bool = False) -> torch.Tensor:
     """Anchors after each row's committed slots (not advanced): ids [B, T] the next tokens, aux [B, T, k*H]
-    -> the draft output at each row's position ``last`` [B, H]. ``n_slots``: static shapes."""
-    meta = _clamped(cache.append_meta(ids.shape[1], n_slots), draft.rotary.cos.shape[0] - 1)
+    -> the draft output at each row's position ``last`` [B, H]. ``n_slots``: static shapes; ``empty``: the rows
+    hold nothing (both: the graphed prefills)."""
+    meta = _clamped(cache.append_meta(ids.shape[1], n_slots, empty), draft.rotary.cos.shape[0] - 1)
     out = draft(draft.fuse(aux), embed(ids), meta, cache)  # [B, T, H]
     return out[torch.arange(ids.shape[0], device=ids.device), last]
 
@@ -72,7 +73,7 @@ def draft_prefills(draft, embed, target: PrefillGraphs, aux_width: int) -> Prefi
     p = embed.weight
 
     def forward(ids: torch.Tensor, last: torch.Tensor, cache: KVCache, aux: torch.Tensor) -> tuple[torch.Tensor]:
-        return (draft_anchors(draft, embed, cache, ids, last, aux, ids.shape[1]),)
+        return (draft_anchors(draft, embed, cache, ids, last, aux, ids.shape[1], empty=True),)
 
     return PrefillGraphs(draft.new_cache, forward, p.device, target.max_length, target.max_tokens,
                          lambda rows, length: (torch.zeros(rows, length, aux_width, dtype=p.dtype, device=p.device),),

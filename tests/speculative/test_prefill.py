@@ -105,6 +105,33 @@ def test_compile_prefill_fuses_both_models_buckets_and_decodes_the_same(target):
     assert PlainGenerator(target, CONTEXT, bucketed_prefill=True, compile_prefill=True).prefills.compiled
 
 
+def test_graphed_prefills_never_test_their_length_against_the_kernel(target, monkeypatch):
+    """On CUDA a compiled prefill that asked whether the Triton kernel applies (at most 128 tokens) compiled twice per
+    row count, once each side of that limit (each ~40 s for SmolLM2 on an H100, session 40). The graphed prefills'
+    rows are empty, so both models' forwards take SDPA's causal path at every length without asking; the eager
+    prefill and the decode steps still ask."""
+    import eaglet.models.attention as attention
+    import eaglet.models.llama as llama
+
+    asked = []
+
+    def recording(device, head_dim, meta):
+        asked.append(meta.empty)
+        return False  # the CPU's answer
+
+    monkeypatch.setattr(attention, "kernel_applies", recording)
+    monkeypatch.setattr(llama, "kernel_applies", recording)
+    eng = SpecEngine(target, random_draft(target, seed=2), CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None,
+                     bucketed_prefill=True)
+    prompts = prompts_of([10, 70], seed=9)
+    for p in prompts:
+        assert eng.session(1, SamplingParams(max_new_tokens=1)).graph_parts([0], [p]) is not None
+    graphed = [c.tokens for c in eng.generate(prompts, SamplingParams(max_new_tokens=4))]
+    assert asked and not any(asked), "only the decode steps asked, never a graphed prefill"
+    eager = SpecEngine(target, random_draft(target, seed=2), CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None)
+    assert [c.tokens for c in eager.generate(prompts, SamplingParams(max_new_tokens=4))] == graphed
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graphed_prefill_decodes_as_the_eager_one(tmp_path):
     from tests.speculative.conftest import echo_draft, repeat_prone, tiny_target
