@@ -126,18 +126,22 @@ class PrefillGraphs:
         last = to_device([len(p) - 1 for p in prompts] + [0] * (rows - n), self.device, torch.long)  # [rows]
         if tail is not None:
             ids[:n].scatter_(1, last[:n].unsqueeze(1), tail.view(n, 1))
-        out = self._step(rows, length)(ids, last, *extra)  # copied into the graph's inputs on the device
+        out = self.capture(rows, length)(ids, last, *extra)  # copied into the graph's inputs on the device
         view = self.scratch[rows].rows(0, n)
         view.lens.copy_(last[:n] + 1)
         return out, view
 
-    def prepare(self, rows: int = 1) -> None:
-        """Capture the graphs of ``rows`` rows at every length now (a server before its first request)."""
-        for length in self.lengths:
-            if self.bucket(rows, length) is not None:
-                self._step(rows, length)
+    def buckets(self, rows: int) -> list[tuple[int, int]]:
+        """The (rows, length) buckets of ``rows`` rows (a power of two), one for each length that fits."""
+        return [(rows, n) for n in self.lengths if self.bucket(rows, n) is not None]
 
-    def _step(self, rows: int, length: int):
+    def prepare(self, rows: int = 1) -> None:
+        """Capture the graphs of ``rows`` rows at every length now (before a first admission)."""
+        for key in self.buckets(rows):
+            self.capture(*key)
+
+    def capture(self, rows: int, length: int):
+        """The bucket's step, captured (compiled first, under ``compile``) on its first use."""
         key = (rows, length)
         if key not in self.steps:
             if self.storage is None:

@@ -8,7 +8,8 @@ On a fresh H200 `eaglet serve` printed "prefills ready (108.0 s)" before its bat
 use. This runs the server's prefill warm-up (`serve.server.warm_prefills`: the graph of every length and
 every power of two of rows up to ``--rows``, target then draft, then eager prefills at the Triton kernel's
 lengths) with random SmolLM2-shaped weights and a random draft, in a process whose Triton and inductor
-caches start empty, timing every graph and counting the Triton cache files written for it; then the
+caches start empty, timing every graph and counting the Triton cache files written and the graphs dynamo compiled
+for it (``TORCH_LOGS=recompiles`` prints why each recompile happened); then the
 costliest functions of the whole warm-up by cumulative time (cProfile). ``--compile-prefill`` fuses each
 bucket first, as `bench` and `serve` do by default on CUDA.
 """
@@ -39,6 +40,7 @@ def main() -> None:
     import pstats
 
     import torch
+    from torch._dynamo.utils import counters
 
     from eaglet.serve.server import PREFILL_LENGTHS
     from eaglet.speculative import SpecEngine
@@ -53,22 +55,24 @@ def main() -> None:
     def kernels() -> int:
         return sum(len(files) for _, _, files in os.walk(triton_dir))
 
-    table = []  # (what, seconds, Triton cache files written)
+    def compiles() -> int:  # graphs dynamo has compiled in this process (a recompile counts)
+        return counters["stats"]["unique_graphs"]
+
+    table = []  # (what, seconds, Triton cache files written, dynamo compiles)
 
     def timed(what: str, fn) -> None:
-        k0 = kernels()
+        k0, c0 = kernels(), compiles()
         sync()
         t0 = time.perf_counter()
         fn()
         sync()
-        table.append((what, time.perf_counter() - t0, kernels() - k0))
+        table.append((what, time.perf_counter() - t0, kernels() - k0, compiles() - c0))
 
     def captures() -> None:
         for name, graphs in (("target", eng.prefills), ("draft", eng.draft_prefills)):
             for rows in (1 << i for i in range(a.rows.bit_length())):  # as warm_prefills(engine, a.rows)
-                for length in graphs.lengths:
-                    if graphs.bucket(rows, length):
-                        timed(f"{name} {rows}x{length}", lambda g=graphs, r=rows, n=length: g._step(r, n))
+                for r, n in graphs.buckets(rows):
+                    timed(f"{name} {r}x{n}", lambda g=graphs, r=r, n=n: g.capture(r, n))
 
     def eager() -> None:
         from eaglet.generate import prefill
@@ -84,12 +88,13 @@ def main() -> None:
         prof.runcall(captures)
         prof.runcall(eager)
         cold = time.perf_counter() - t0
-    print(f"{'what':<22}{'s':>8}{'files':>7}")
-    for what, s, k in table:
-        print(f"{what:<22}{s:>8.2f}{k:>7}")
+    print(f"{'what':<22}{'s':>8}{'files':>7}{'compiles':>9}")
+    for what, s, k, c in table:
+        print(f"{what:<22}{s:>8.2f}{k:>7}{c:>9}")
     for name in ("target", "draft", "eager"):
         mine = [r for r in table if r[0].startswith(name)]
-        print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files")
+        print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files, "
+              f"{sum(r[3] for r in mine)} compiles")
     print(f"cold warm-up in all: {cold:.1f} s; the costliest functions (cumulative):")
     pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(a.top)
 

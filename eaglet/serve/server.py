@@ -61,20 +61,24 @@ def load_engine(cfg: ServeConfig, tp: TPGroup = SINGLE):
 PREFILL_LENGTHS = (3, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
-def warm_prefills(engine, max_rows: int = 1) -> None:
+def warm_prefills(engine, max_rows: int = 1, progress: bool = False) -> None:
     """Prefill once at each of ``PREFILL_LENGTHS`` (into a scratch cache), so the kernels a prefill compiles
     on first use are built before the first request (an H200 server's first requests waited up to 2.1 s).
     The draft's prefill and the capture run the same kernel variants as the target's. Where prefills run
     as captured graphs (``prefill.PrefillGraphs``), those of every power of two of rows up to ``max_rows``
     are captured at every length too (a burst of requests is admitted as one prefill); the eager prefill
-    still serves what no graph fits."""
+    still serves what no graph fits. ``progress``: a bar over the graphs (a fresh H100's server spent 151-422 s
+    here in session 40, silent until then)."""
+    from tqdm import tqdm
+
     from eaglet.generate import prefill
 
-    for graphs in (engine.prefills, getattr(engine, "draft_prefills", None)):
-        if graphs is None:
-            continue
-        for i in range(max_rows.bit_length()):  # every power of two up to max_rows
-            graphs.prepare(1 << i)
+    rows = [1 << i for i in range(max_rows.bit_length())]  # every power of two up to max_rows
+    todo = [(graphs, key) for graphs in (engine.prefills, getattr(engine, "draft_prefills", None))
+            if graphs is not None for r in rows for key in graphs.buckets(r)]
+    for graphs, key in tqdm(todo, desc="prefill graphs", unit="graph", disable=not (progress and todo),
+                            dynamic_ncols=True):
+        graphs.capture(*key)
     model = engine.target.model
     cache = model.new_cache(1, max(PREFILL_LENGTHS) + 1)
     for n in PREFILL_LENGTHS:
@@ -104,7 +108,7 @@ def _build(engine, cfg: ServeConfig, tp: TPGroup) -> None:
     sizes = batch_sizes(cfg, engine.use_graphs)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        warm_prefills(engine, sizes[-1])
+        warm_prefills(engine, sizes[-1], progress=tp.rank == 0)
     if tp.rank == 0:
         print(f"eaglet: prefills ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
     for i, b in enumerate(sizes):

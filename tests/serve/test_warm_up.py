@@ -52,14 +52,18 @@ def test_no_warm_up_without_graphs_by_default(served_dirs, one_thread):
     assert not engine._caches
 
 
-def test_warm_up_captures_the_prefill_buckets_of_every_batch_size(served_dirs, one_thread):
+def test_warm_up_captures_the_prefill_buckets_of_every_batch_size(served_dirs, one_thread, capsys):
     """Bucketed prefills (captured graphs on CUDA; here their eager test mode): one row, then every power of
-    two of rows up to the largest batch, at every length, for the target and the draft."""
+    two of rows up to the largest batch, at every length, for the target and the draft, under a progress bar
+    (a fresh GPU's server spent minutes here)."""
     engine = new_engine(served_dirs, bucketed_prefill=True)
     warm_up(engine, ServeConfig(TargetOptions(str(served_dirs[0])), batch_sizes=(1, 4), warm_up=True))
     lengths = engine.prefills.lengths
     for graphs in (engine.prefills, engine.draft_prefills):
         assert sorted(graphs.steps) == [(r, n) for r in (1, 2, 4) for n in lengths]
+    n = 2 * 3 * len(lengths)  # two models, rows 1, 2 and 4
+    err = capsys.readouterr().err
+    assert "prefill graphs: 100%" in err and f"{n}/{n} " in err
     prompts, params = [[5, 9, 14, 3], [7, 7, 2]], SamplingParams(max_new_tokens=24)
     assert [c.tokens for c in engine.generate(prompts, params)] == \
         [c.tokens for c in new_engine(served_dirs).generate(prompts, params)]
