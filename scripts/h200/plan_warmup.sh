@@ -1,0 +1,19 @@
+#!/bin/bash
+# A device plan (`start.sh 300 plan_warmup.sh`, or alone in a call with carry [".dev/ab"]; ~6 minutes, no GGUF): the
+# graphed prefills' cold warm-up and a prompt's admission since they take SDPA's causal path at every length
+# (session 40). Before, a compiled prefill asked whether the Triton kernel applies (<= 128 tokens) and compiled
+# twice per row count: 4 compiles a model, 8 for a server's target and draft at batch sizes above 1; a fresh H100's
+# server printed "prefills ready (151.3 s)" at batch size 1 and 422.0 s at 1, 16 and 64. warm_up_cost.py with empty
+# caches counts the compiles per graph (2 a model expected: one row, then more) and TORCH_LOGS names each
+# recompile's cause; admission_ab.sh times an admission with this tree and with the files in .dev/ab (the earlier
+# attention path, `git show 1373782:PATH`).
+export PYTHONPATH=$PWD:/tmp/site
+[ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
+echo "### warm-up cost $(date +%T)"
+TORCH_LOGS=recompiles timeout 420 python3 scripts/warm_up_cost.py --device cuda --compile-prefill --rows 64 --top 15 \
+  > "$OUT/warm_up_cost.txt" 2>&1
+grep -v "^ \|^$" "$OUT/warm_up_cost.txt" | grep -i "recompil\|prefills,\|cold warm-up\|Error" | cut -c1-200 | tail -20
+echo "### admission A/B $(date +%T)"
+bash scripts/h200/admission_ab.sh > /dev/null 2>&1
+grep -A6 "^### \|admit" "$OUT/admission_ab.txt" | cut -c1-160 | tail -40
+echo "### end $(date +%T)"
