@@ -135,13 +135,9 @@ class PrefillGraphs:
         """The (rows, length) buckets of ``rows`` rows (a power of two), one for each length that fits."""
         return [(rows, n) for n in self.lengths if self.bucket(rows, n) is not None]
 
-    def prepare(self, rows: int = 1) -> None:
-        """Capture the graphs of ``rows`` rows at every length now (before a first admission)."""
-        for key in self.buckets(rows):
-            self.capture(*key)
-
     def capture(self, rows: int, length: int):
-        """The bucket's step, captured (compiled first, under ``compile``) on its first use."""
+        """The bucket's step, made on its first use (``compile``: fused; ``graphs``: then captured); a server
+        makes every bucket's before its first request (``serve.server.warm_prefills``)."""
         key = (rows, length)
         if key not in self.steps:
             if self.storage is None:

@@ -1,10 +1,10 @@
 #!/bin/bash
-# On the H200, the last staging call (carry the last part's folder, [".dev/q14"]): that part and the gguf wheel, the GGUF's checksum (or, on
-# a machine that has run a plan already, the GGUF left in place), this tree copied to /tmp/eg/repo, then the plan
-# scripts/h200/$2 started in a session of its own (it outlives this call; its log is /tmp/eg/log, what it keeps goes
-# to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1 seconds. Further names after $2 run
-# after it in the same background session (`start.sh 400 int8_head.sh plan_serve.sh`): nothing waits on a reply
-# between them, so the machine cannot go back in the gap.
+# On the H200, the last staging call (carry the last part's folder, [".dev/q14"]): that part and the gguf wheel, the
+# GGUF's checksum (or, on a machine that has run a plan already, the GGUF left in place), this tree copied to
+# /tmp/eg/repo, then the plan scripts/h200/$2 started in a session of its own (it outlives this call; its log is
+# /tmp/eg/log, what it keeps goes to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1
+# seconds. Further names after $2 run after it in the same background session (`start.sh 400 int8_head.sh
+# plan_serve.sh`): nothing waits on a reply between them, so the machine cannot go back in the gap.
 set -e
 if [ -f /tmp/smol.gguf ] && [ ! -f /tmp/smol.gguf.part ]; then
   # A second plan on a machine still warm from the first (as in session 36): the GGUF is in place already.

@@ -32,7 +32,8 @@ def test_buckets_round_rows_to_a_power_of_two_and_stop_at_the_context(target):
     assert graphs.bucket(MAX_TOKENS // 64, 90) is None, "past MAX_TOKENS padded tokens it stays eager"
     assert graphs.bucket(2, 97) is None, "a prompt past the longest bucket stays eager"
     assert PlainGenerator(target, CONTEXT).prefills is None, "off by default without CUDA graphs"
-    graphs.prepare(1)  # a server's warm-up: one row at every length
+    for key in graphs.buckets(1):  # a server's warm-up: one row at every length
+        graphs.capture(*key)
     assert sorted(graphs.steps) == [(1, n) for n in graphs.lengths]
 
 
