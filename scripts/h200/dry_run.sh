@@ -7,7 +7,7 @@ D=/tmp/eg-dry
 rm -rf $D && mkdir -p $D/res
 gguf=$(python -c "from eaglet.loading.target import DEFAULT_TARGET, _embedded_gguf; print(_embedded_gguf(DEFAULT_TARGET))")
 ln -s "$gguf" $D/smol.gguf
-sed -e "s#/tmp/smol.gguf#$D/smol.gguf#g" -e 's#--device cuda#--device cpu#' -e "s#R=/tmp/runs; S=/tmp/eg/res#R=$D/runs; S=$D/res#" \
+sed -e "s#/tmp/smol.gguf#$D/smol.gguf#g" -e 's#--device cuda#--device cpu#' -e "s#R=/tmp/runs#R=$D/runs#" -e "s#S=/tmp/eg/res#S=$D/res#" \
   -e 's#--limit 20 --max-new-tokens 128#--limit 1 --max-new-tokens 16#' -e 's#python3 #python #g' \
   "scripts/h200/$1" > $D/plan.sh
 export TRAIN_FLAGS="${TRAIN_FLAGS:---max-samples 16 --max-val-samples 4 --epochs 1 --self-prompts 0 --max-new-tokens 32 --regen-batch-size 16 --regen-budget-min 4}"
