@@ -31,7 +31,7 @@ if HAS_TRITON and torch.cuda.is_available():
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes_vary: bool = False, **kw) -> torch.Tensor:
     """F.scaled_dot_product_attention, never with its cuDNN kernel in eager CUDA calls nor where ``shapes_vary``
-    (attention over a cache, compiled with symbolic lengths in the graphed prefills): that kernel builds a plan
+    (a prefill into empty rows, compiled with symbolic lengths in the graphed prefills): that kernel builds a plan
     for every new shape (~1 s per training step on an H200 with length-bucketed batches, measured), where the
     others need none, and training batches, prefills and regeneration's admissions bring new shapes all the time
     (torch 2.11 puts cuDNN first on Hopper). Other compiled steps have static shapes: a plan there is built once."""
@@ -62,7 +62,7 @@ def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta
         return attention(q.transpose(1, 2), keys, vals, None, causal=True, shapes_vary=True).transpose(1, 2)
     mask = meta.dense_mask()
     keys, vals = cache.view(layer, mask.shape[-1])  # [B, nkv, S, D]
-    return attention(q.transpose(1, 2), keys, vals, mask, shapes_vary=True).transpose(1, 2)
+    return attention(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
