@@ -41,9 +41,10 @@ from eaglet.sampling import SamplingParams, sample, sample_at
 class _Row:
     """One request's output: its limit, stop handling, and appends of several tokens."""
 
-    def __init__(self, target: Target, prompt_len: int, params: SamplingParams, capacity: int, eos: frozenset[int]):
+    def __init__(self, target: Target, prompt: list[int], params: SamplingParams, capacity: int, eos: frozenset[int]):
+        self.prompt = prompt  # a speculative session rebuilds the draft's cache from it (and the output)
         self.out = Completion([], "length")
-        self.limit = min(params.max_new_tokens, capacity - prompt_len)
+        self.limit = min(params.max_new_tokens, capacity - len(prompt))
         self.stops = StopChecker(target, params, eos)
         self.done = False
 
@@ -166,7 +167,7 @@ class Session:
         self.roots[row_index(rows, self.roots.device)] = roots
         first = []
         for i, prompt, p, t in zip(rows, prompts, each, roots.tolist()):
-            self.rows[i] = _Row(self.target, len(prompt), p, self.capacity, self.eos)
+            self.rows[i] = _Row(self.target, prompt, p, self.capacity, self.eos)
             first.append(self._add(i, [t]))
             self.active[i] = 0 if self.rows[i].done else 1
         return first

@@ -20,7 +20,8 @@ The rule judges on evidence, never on one prompt's first iterations:
   iteration). Below 1 the policy steps down the table, skipping
   trees that could not win even at the acceptance just seen (a smaller tree accepts no
   more), and below the smallest to plain decoding;
-- after ``RETRY_PLAIN_STEPS`` plain steps, speculation is tried again from the top;
+- after ``RETRY_PLAIN_STEPS`` plain steps, speculation is tried again from the top (a running session first
+  rebuilds its rows' draft cache: ``SpecSession._resume``);
 - a step down lands only on a tree that is ``ready`` (the engine's word: a compiling engine's
   tree is ready once its iteration is compiled and captured), skipping the others, else on plain
   decoding, which is always built. Building a tree compiles for about a minute on an H200, and
@@ -130,11 +131,19 @@ class BatchPolicy:
 
     def start_call(self, batch: int) -> None:
         """A generate call begins: count it, and try speculation again after a long fallback."""
+        self._t(batch).calls += 1
+        self.retry(batch)
+
+    def retry(self, batch: int) -> bool:
+        """After ``RETRY_PLAIN_STEPS`` plain steps since falling back, start again from the top of the ladder with
+        fresh evidence -> whether it did. Every rank counts the same steps, so ranks agree only when it is due."""
         t = self._t(batch)
-        t.calls += 1
-        if self.adaptive and t.rung >= len(self.ladder(batch)) and self.agree(t.plain_steps >= RETRY_PLAIN_STEPS):
-            self._track[batch] = _Track(calls=1)
-            self.log(f"batch {batch}: trying speculation again after {t.plain_steps} plain steps")
+        if not (self.adaptive and t.rung >= len(self.ladder(batch)) and t.plain_steps >= RETRY_PLAIN_STEPS
+                and self.agree(True)):
+            return False
+        self._track[batch] = _Track(calls=1)
+        self.log(f"batch {batch}: trying speculation again after {t.plain_steps} plain steps")
+        return True
 
     def observe(self, batch: int, tokens: int, active: int, seconds: float | None = None) -> None:
         """Book one speculative iteration: tokens emitted by the ``active`` rows in ``seconds`` of wall time

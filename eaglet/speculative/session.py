@@ -5,9 +5,11 @@ rows only, in one forward each whatever the rows (``Landing``: through row views
 caches, or a scratch cache copied into scattered rows), and sets their seed, pending token and
 ``active`` flag in the engine's per-batch ``_State``; the compiled iteration (a CUDA graph
 on CUDA) reads those same tensors, so a row joins between two replays with nothing
-recaptured. When the policy falls back to plain decoding the session stays plain until it
-ends: from then on the draft cache is no longer extended, so it cannot seed a tree (nor can
-the larger session that adopts its rows).
+recaptured. When the policy falls back to plain decoding the draft cache is no longer extended;
+when it wants a tree again (``policy.retry`` after a long fallback, or a batch that adopted a plain
+one's rows), each running row's caches are prefilled again over its committed context, the pending
+token kept as the root, and the iterations resume (a server's batch under steady load never drains,
+so it would otherwise never speculate again).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class SpecSession(Session):
 
     def adopt(self, old: SpecSession) -> None:
         """``Session.adopt``, and the rows' draft cache and seeds. A batch that fell back to plain decoding
-        no longer extended its draft cache, so the larger one decodes plainly too."""
+        no longer extended its draft cache, so the larger one decodes plainly too until it resumes (``step``)."""
         super().adopt(old)
         n = old.batch
         self.dcache.copy_rows_from(old.dcache, range(n))
@@ -63,26 +65,42 @@ class SpecSession(Session):
         self.admissions += 1
         if not self.speculating:
             return super()._prefill(rows, prompts)
+        return self._prefill_both(rows, prompts)
+
+    def _prefill_both(self, rows: list[int], prompts: list[list[int]], given: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """The target's and the draft's caches of ``rows`` over ``prompts`` -> the roots [n]: sampled from the
+        target's logits, or ``given`` [n] (a resumed row keeps its pending token)."""
         model, longest = self.target.model, max(map(len, prompts))
         parts = self.graph_parts(rows, prompts)
         if parts is None:
             with self.landing.into(rows, longest) as tview, self.draft_landing.into(rows, longest) as dview:
                 logits, aux = prefill(model, tview, prompts, self.eng.capture)
-                roots = self.sample(logits, rows)  # [n]
+                roots = self.sample(logits, rows) if given is None else given  # [n]
                 seed = draft_prefill(self.eng.draft, model.embed, dview, prompts, aux, roots)
             self.state.seed[row_index(rows, seed.device)] = seed
             return roots
-        all_roots = []
+        all_roots, done = [], 0
         for part_rows, part in parts:  # each: the target's graph, its roots, then the draft's graph
             (logits, aux), tview = self.prefills.run(part)
-            roots = self.sample(logits[: len(part)], part_rows)  # [k]
+            k = len(part)
+            roots = self.sample(logits[:k], part_rows) if given is None else given[done: done + k]  # [k]
             # The draft's anchors with a placeholder for each root, which goes in on the device (``tail``).
-            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(part, [0] * len(part)), aux, tail=roots)
+            (seed,), dview = self.eng.draft_prefills.run(anchor_tokens(part, [0] * k), aux, tail=roots)
             self.landing.land(tview, part_rows, max(map(len, part)))
             self.draft_landing.land(dview, part_rows, max(map(len, part)))
-            self.state.seed[row_index(part_rows, seed.device)] = seed[: len(part)]
+            self.state.seed[row_index(part_rows, seed.device)] = seed[:k]
             all_roots.append(roots)
+            done += k
         return torch.cat(all_roots)
+
+    def _resume(self, live: list[int]) -> None:
+        """Speculate again: each running row's caches prefilled over its committed context (the prompt and every
+        token but the last, which is the pending root), one row a forward, so that memory stays one context's."""
+        for i in live:
+            row = self.rows[i]
+            self._prefill_both([i], [row.prompt + row.out.tokens[:-1]], self.roots[i: i + 1])
+        self.speculating = True
 
     def step(self, launched: Callable[[], None] | None = None) -> dict[int, list[int]]:
         """One speculative iteration of every running row (or a plain step after a fallback); ``launched``
@@ -91,6 +109,8 @@ class SpecSession(Session):
         if not live:
             return {}
         b, policy = self.batch, self.eng.policy
+        if not self.speculating and (policy.retry(b) or policy.tree(b) is not None):
+            self._resume(live)
         cfg = policy.tree(b) if self.speculating else None
         if cfg is None:
             self.speculating = False

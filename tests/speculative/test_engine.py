@@ -79,6 +79,28 @@ def test_fallback_mid_answer_gives_plain_tokens(agreeing, plain_out, chunk, monk
     assert (eng._chunks.get(len(prompts)) is not None) == (chunk > 1)
 
 
+@pytest.mark.parametrize("chunk", [1, 8])
+def test_a_batch_that_fell_back_speculates_again_mid_answer(agreeing, plain_out, chunk, monkeypatch):
+    """A server's batch under steady load never drains, so a fallback must end inside the session: after
+    RETRY_PLAIN_STEPS plain steps (or chunks) each running row's caches are prefilled again over its committed
+    context, its pending token kept, and the iterations resume; here speculation loses each time, so the session
+    goes round fallback, plain steps and resumption, and the output is still plain decoding's."""
+    import eaglet.speculative.policy as policy
+
+    monkeypatch.setattr(policy, "WINDOW", 4)
+    monkeypatch.setattr(policy, "LONG_WINDOW", 8)
+    monkeypatch.setattr(policy, "RETRY_PLAIN_STEPS", 2)
+    target, draft = agreeing
+    prompts, plain = plain_out
+    logs = []
+    eng = SpecEngine(target, draft, CONTEXT, *TREES["chain"], adaptive=True, log=logs.append, chunk=chunk)
+    eng.policy.plain_step_s[len(prompts)] = 1e-9  # plain steps cost nothing: speculation loses
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=48))
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+    assert any("trying speculation again" in line for line in logs)
+    assert max(len(o.accept_lengths) for o in out) > 8, "iterations past the first fallback (after 8 iterations)"
+
+
 def test_greedy_identical_with_a_frequency_cut_vocabulary(agreeing, plain_out):
     """A frequency-ordered draft served with the prefix of its vocabulary (``--draft-vocab``; a CPU's default):
     tokens past the cut are never proposed, the rest still are, and the output is plain decoding's."""

@@ -116,7 +116,8 @@ def test_session_refuses_a_busy_row_and_other_sampling(agreeing):
 def test_a_full_batch_grows_in_place(agreeing, engine):
     """A full batch's rows move into a larger session mid-answer (``grow``: caches copied, same row indices)
     and every prompt, those moved and those admitted after, decodes what it decodes alone; a batch that
-    had fallen back to plain decoding stays plain in the larger one."""
+    had fallen back to plain decoding comes over plain, and the larger one, whose policy wants a tree, first
+    prefills the rows' caches again over their contexts, then speculates."""
     target, draft = agreeing
     prompts = prompts_of([7, 12, 3, 9], seed=5)
     alone = [PlainGenerator(target, CONTEXT).generate([p], PARAMS)[0].tokens for p in prompts]
@@ -126,8 +127,8 @@ def test_a_full_batch_grows_in_place(agreeing, engine):
     small = gen.session(2, PARAMS)
     with torch.inference_mode():
         out = {i: list(t) for i, t in enumerate(small.admit(0, prompts[:2], PARAMS))}
-        if engine == "fell-back":
-            small.speculating = False  # as after the policy's fallback: the draft cache is no longer extended
+        if engine == "fell-back":  # the policy's fallback at batch 2: the draft cache is no longer extended
+            gen.policy._t(2).rung = len(gen.policy.ladder(2))
         for _ in range(3):
             for row, toks in small.step().items():
                 out[row] += toks
@@ -148,6 +149,8 @@ def test_a_full_batch_grows_in_place(agreeing, engine):
             for row, toks in big.step().items():
                 out[row] += toks
     assert [out[k] for k in range(4)] == alone
+    if engine == "fell-back":
+        assert small.verifies == 0 and big.verifies > 0, "plain at batch 2, speculating again at batch 4"
     with pytest.raises(ValueError, match="adopts at most"):
         gen.session(2, PARAMS).adopt(big)
     with pytest.raises(ValueError, match="sampled as its own"):
