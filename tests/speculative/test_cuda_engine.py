@@ -47,6 +47,24 @@ def test_graphed_greedy_identical_to_plain(cuda_pair, tree):
     assert max(a for o in out for a in o.accept_lengths) >= 3, "the echo draft should be accepted"
 
 
+def test_graphed_batch_speculates_again_after_a_fallback(cuda_pair, monkeypatch):
+    """A fallback and the resumption inside one call (``SpecSession._resume``: each running row's caches
+    prefilled again through the captured prefills, then the compiled iteration), greedy output still plain's."""
+    import eaglet.speculative.policy as policy
+
+    monkeypatch.setattr(policy, "WINDOW", 4)
+    monkeypatch.setattr(policy, "LONG_WINDOW", 8)
+    monkeypatch.setattr(policy, "RETRY_PLAIN_STEPS", 2)
+    target, draft = cuda_pair
+    prompts, params, logs = prompts_of([7, 12, 3, 9]), SamplingParams(max_new_tokens=48), []
+    plain = PlainGenerator(target, CONTEXT).generate(prompts, params)
+    eng = SpecEngine(target, draft, CONTEXT, 4, 1, 5, adaptive=True, log=logs.append)
+    eng.policy.plain_step_s[len(prompts)] = 1e-9  # plain steps cost nothing: speculation loses
+    out = eng.generate(prompts, params)
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+    assert any("trying speculation again" in line for line in logs)
+
+
 def test_graphed_sampling_runs(cuda_pair):
     target, draft = cuda_pair
     eng = SpecEngine(target, draft, CONTEXT, 3, 2, 6, adaptive=False, log=lambda _: None)
