@@ -40,8 +40,7 @@ class AttnMeta:
     n_slots: int | None = None  # S of the dense mask (static shapes); None: the slots in use
     causal: bool = False  # ``extra`` is the causal mask of tokens appended after ``lens`` (``append_meta``)
     # The rows hold nothing committed, known when the forward is built (a graphed prefill resets its scratch rows
-    # first): attention is then SDPA's causal path at every length, with no test of the length that a compiled
-    # forward of symbolic lengths would guard on (the Triton kernel's 128 tokens split each compile in two).
+    # first): attention is then SDPA's causal path at every length (``attention.kernel_applies``).
     empty: bool = False
     _longest: int | None = None  # the most slots a row has committed, read from ``lens`` once (eager forwards)
 

@@ -42,18 +42,25 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes_vary: bool = 
 
 
 def kernel_applies(device: torch.device, head_dim: int, meta: AttnMeta) -> bool:
-    """Whether ``cached_attention`` runs the Triton kernel for queries on ``device`` (else SDPA over
-    ``meta.dense_mask()``)."""
-    if IMPL not in ("auto", "triton") or not (device.type == "cuda" and HAS_TRITON) or meta.extra is None:
+    """Whether ``cached_attention`` runs the Triton kernel for queries on ``device`` (else SDPA: its causal path
+    for a prefill into empty rows, or over ``meta.dense_mask()``). Rows known ``empty`` never reach the kernel's
+    test of the new slots, which a compiled prefill of symbolic length would guard on and compile twice for."""
+    return not meta.empty and meta.extra is not None and kernel_takes(device, head_dim, meta.extra.shape[-1])
+
+
+def kernel_takes(device: torch.device, head_dim: int, new_slots: int) -> bool:
+    """Whether the Triton kernel serves queries on ``device`` that see ``new_slots`` slots written after the
+    committed ones."""
+    if IMPL not in ("auto", "triton") or not (device.type == "cuda" and HAS_TRITON):
         return False
     from eaglet.models.tree_attention import MAX_EXTRA
 
-    return meta.extra.shape[-1] <= MAX_EXTRA and head_dim in (64, 128)
+    return new_slots <= MAX_EXTRA and head_dim in (64, 128)
 
 
 def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor:
     """q [B, T, nq, D] over ``layer`` of the cache (this forward's K/V already written) -> [B, T, nq, D]."""
-    if not meta.empty and kernel_applies(q.device, q.shape[-1], meta):
+    if kernel_applies(q.device, q.shape[-1], meta):
         from eaglet.models.tree_attention import tree_attention
 
         return tree_attention(q, cache.k[layer], cache.v[layer], meta.lens, meta.extra)

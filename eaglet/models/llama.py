@@ -139,9 +139,8 @@ class Transformer(nn.Module):
 
     def attends_densely(self, ids: torch.Tensor, meta: AttnMeta) -> bool:
         """Whether attention over the cache reads ``meta.dense_mask()`` (SDPA), not the Triton kernel nor SDPA's
-        causal path of a prefill into empty rows (``from_empty``, read here first for the reason above; ``empty``
-        first, so that a graphed prefill never tests its length against the kernel's limit)."""
-        return not (meta.empty or kernel_applies(ids.device, self.cfg.head_dim, meta) or meta.from_empty())
+        causal path of a prefill into empty rows (``from_empty``, read here first for the reason above)."""
+        return not kernel_applies(ids.device, self.cfg.head_dim, meta) and not meta.from_empty()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)  # [..., V]

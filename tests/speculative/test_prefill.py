@@ -115,7 +115,6 @@ def test_compiled_prefills_compile_once_either_side_of_the_kernels_limit(target,
     from torch._dynamo.utils import counters
 
     import eaglet.models.attention as attention
-    import eaglet.models.llama as llama
     from eaglet.models import tree_attention
 
     if not getattr(tree_attention.tree_attention, "_cpu_reference", False):
@@ -131,11 +130,10 @@ def test_compiled_prefills_compile_once_either_side_of_the_kernels_limit(target,
 
         tree_attention.tree_attention._cpu_reference = True
 
-    def as_on_cuda(device, head_dim, meta):
-        return meta.extra is not None and meta.extra.shape[-1] <= tree_attention.MAX_EXTRA
+    def as_on_cuda(device, head_dim, new_slots):
+        return new_slots <= tree_attention.MAX_EXTRA
 
-    monkeypatch.setattr(attention, "kernel_applies", as_on_cuda)
-    monkeypatch.setattr(llama, "kernel_applies", as_on_cuda)
+    monkeypatch.setattr(attention, "kernel_takes", as_on_cuda)
     prompts, params = prompts_of([10, 40, 150, 200], seed=11), SamplingParams(max_new_tokens=6)
     plain = [c.tokens for c in PlainGenerator(target, 320).generate(prompts, params)]
     eng = SpecEngine(target, random_draft(target, seed=2), 320, 3, 2, 6, adaptive=False, log=lambda _: None,
