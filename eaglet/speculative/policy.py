@@ -134,16 +134,13 @@ class BatchPolicy:
         self._t(batch).calls += 1
         self.retry(batch)
 
-    def retry(self, batch: int) -> bool:
+    def retry(self, batch: int) -> None:
         """After ``RETRY_PLAIN_STEPS`` plain steps since falling back, start again from the top of the ladder with
-        fresh evidence -> whether it did. Every rank counts the same steps, so ranks agree only when it is due."""
+        fresh evidence. Every rank counts the same steps, so all decide alike without a collective."""
         t = self._t(batch)
-        if not (self.adaptive and t.rung >= len(self.ladder(batch)) and t.plain_steps >= RETRY_PLAIN_STEPS
-                and self.agree(True)):
-            return False
-        self._track[batch] = _Track(calls=1)
-        self.log(f"batch {batch}: trying speculation again after {t.plain_steps} plain steps")
-        return True
+        if self.adaptive and t.rung >= len(self.ladder(batch)) and t.plain_steps >= RETRY_PLAIN_STEPS:
+            self._track[batch] = _Track(calls=1)
+            self.log(f"batch {batch}: trying speculation again after {t.plain_steps} plain steps")
 
     def observe(self, batch: int, tokens: int, active: int, seconds: float | None = None) -> None:
         """Book one speculative iteration: tokens emitted by the ``active`` rows in ``seconds`` of wall time

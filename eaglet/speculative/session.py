@@ -109,13 +109,15 @@ class SpecSession(Session):
         if not live:
             return {}
         b, policy = self.batch, self.eng.policy
-        if not self.speculating and (policy.retry(b) or policy.tree(b) is not None):
-            self._resume(live)
-        cfg = policy.tree(b) if self.speculating else None
+        if not self.speculating:
+            policy.retry(b)
+        cfg = policy.tree(b)
         if cfg is None:
             self.speculating = False
             policy.observe_plain(b)
             return super().step(launched)
+        if not self.speculating:  # the policy wants a tree again (a retry, or rows adopted from a plain batch)
+            self._resume(live)
         if policy.adaptive:
             self.eng._costs(b, cfg, self.params)
         t0 = time.perf_counter()
