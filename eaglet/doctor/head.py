@@ -46,10 +46,10 @@ def describe(trained, served) -> str:
     kind = "int8" if isinstance(served.lm_head, INT8_HEADS) else str(served.fc.weight.dtype).removeprefix("torch.")
     n, whole = served.config.draft_vocab_size, trained.config.draft_vocab_size
     if n > whole:  # extended (``extend_vocab``)
-        vocab = f"its {whole:,} tokens and {n - whole:,} mapped from the target's head (all {n:,})"
-    else:
-        vocab = f"the whole vocabulary ({n:,} tokens)" if n == whole else f"{n:,} of its {whole:,} tokens"
-    return f"{kind}, {vocab}"
+        return f"{kind}, its {whole:,} tokens and {n - whole:,} mapped from the target's head (all {n:,})"
+    if n == whole:
+        return f"{kind}, the whole vocabulary ({n:,} tokens)"
+    return f"{kind}, {n:,} of its {whole:,} tokens"
 
 
 @torch.inference_mode()
