@@ -10,6 +10,9 @@ while [ $SECONDS -lt $end ] && [ ! -f /tmp/eg/DONE ]; do
   if [ $((SECONDS - last)) -ge 60 ]; then
     last=$SECONDS
     echo "--- $(date +%T)"; tail -c 3000 /tmp/eg/log | tr '\r' '\n' | grep -v '^\s*$' | tail -n 3 | cut -c1-250
+    # What a call cut by the session's budget still returns ($OUT comes back from a timed-out call; session 41 lost
+    # a finished server's c16 / c64 when the budget ended the last watch before its copy below).
+    cp /tmp/eg/log "$OUT/log.txt" 2>/dev/null; tar -czf "$OUT/res.tgz" -C /tmp/eg res 2>/dev/null
   fi
 done
 echo "=== $(date +%T) done=$([ -f /tmp/eg/DONE ] && echo yes || echo no)"
