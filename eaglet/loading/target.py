@@ -135,11 +135,23 @@ def resolve_target_dir(spec: str) -> Path:
     return _convert_gguf(path) if path.is_file() else path
 
 
+# Tokenizer classes that need nothing of the model's config: a directory naming one (as every GGUF converted here
+# does) loads it directly. AutoTokenizer reads the model's config first, and importing a config class pulled in
+# ~1.2 s of transformers' modelling modules on the 2-core CPU, at every start-up of every command.
+_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
+    import transformers
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        named = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        named = None  # AutoTokenizer reports what is missing or malformed
+    cls = getattr(transformers, named) if named in _GENERIC_TOKENIZERS and hasattr(transformers, named) \
+        else transformers.AutoTokenizer
+    try:
+        return cls.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise EagletError(f"cannot load the tokenizer from {path} ({e})") from None
 

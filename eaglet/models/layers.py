@@ -224,6 +224,8 @@ class ParallelLMHead(nn.Module):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Whole weight rows of the token ids [n] -> [n, H] on every rank (masked lookup + all-reduce)."""
+        if self.tp.size == 1:
+            return self.weight[ids]
         local = ids - self.start
         inside = (local >= 0) & (local < self.part)
         out = self.weight[local.clamp(0, self.part - 1)] * inside.unsqueeze(-1)
