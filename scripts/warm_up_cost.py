@@ -8,8 +8,8 @@ On a fresh H200 `eaglet serve` printed "prefills ready (108.0 s)" before its bat
 use. This runs the server's prefill warm-up (`serve.server.warm_prefills`: the graph of every length and
 every power of two of rows up to ``--rows``, target then draft, then eager prefills at the Triton kernel's
 lengths) with random SmolLM2-shaped weights and a random draft, in a process whose Triton and inductor
-caches start empty, timing every graph and counting the Triton cache files written and the graphs dynamo compiled
-for it (``TORCH_LOGS=recompiles`` prints why each recompile happened); then the
+caches start empty, timing every graph and counting the Triton and inductor cache files written and the graphs
+dynamo compiled for it (``TORCH_LOGS=recompiles`` prints why each recompile happened); then the
 costliest functions of the whole warm-up by cumulative time (cProfile). ``--compile-prefill`` fuses each
 bucket first, as `bench` and `serve` do by default on CUDA.
 """
@@ -35,7 +35,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = tempfile.mkdtemp()
     os.environ["TRITON_CACHE_DIR"] = triton_dir = f"{tmp}/triton"
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{tmp}/inductor"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir = f"{tmp}/inductor"
     import cProfile
     import pstats
 
@@ -55,18 +55,21 @@ def main() -> None:
     def kernels() -> int:
         return sum(len(files) for _, _, files in os.walk(triton_dir))
 
+    def inductor_files() -> int:  # compiled graphs, kernels' sources and their autotuning results (.best_config)
+        return sum(len(files) for _, _, files in os.walk(inductor_dir))
+
     def compiles() -> int:  # graphs dynamo has compiled in this process (a recompile counts)
         return counters["stats"]["unique_graphs"]
 
-    table = []  # (what, seconds, Triton cache files written, dynamo compiles)
+    table = []  # (what, seconds, Triton cache files written, dynamo compiles, inductor cache files written)
 
     def timed(what: str, fn) -> None:
-        k0, c0 = kernels(), compiles()
+        k0, c0, i0 = kernels(), compiles(), inductor_files()
         sync()
         t0 = time.perf_counter()
         fn()
         sync()
-        table.append((what, time.perf_counter() - t0, kernels() - k0, compiles() - c0))
+        table.append((what, time.perf_counter() - t0, kernels() - k0, compiles() - c0, inductor_files() - i0))
 
     def captures() -> None:
         for name, graphs in (("target", eng.prefills), ("draft", eng.draft_prefills)):
@@ -88,9 +91,9 @@ def main() -> None:
         prof.runcall(captures)
         prof.runcall(eager)
         cold = time.perf_counter() - t0
-    print(f"{'what':<22}{'s':>8}{'files':>7}{'compiles':>9}")
-    for what, s, k, c in table:
-        print(f"{what:<22}{s:>8.2f}{k:>7}{c:>9}")
+    print(f"{'what':<22}{'s':>8}{'files':>7}{'compiles':>9}{'inductor':>9}")
+    for what, s, k, c, i in table:
+        print(f"{what:<22}{s:>8.2f}{k:>7}{c:>9}{i:>9}")
     for name in ("target", "draft", "eager"):
         mine = [r for r in table if r[0].startswith(name)]
         print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files, "
