@@ -184,6 +184,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+def vocab_rows(weight: torch.Tensor, ids: torch.Tensor, start: int, tp: TPGroup) -> torch.Tensor:
+    """Rows of the whole vocabulary for token ids [...] -> [..., H] on every rank, from ``weight`` [V / tp, H], this
+    rank's rows from ``start``: a lookup at tp=1; above, a masked local lookup, then an all-reduce."""
+    if tp.size == 1:
+        return F.embedding(ids, weight)
+    part = weight.shape[0]
+    local = ids - start
+    inside = (local >= 0) & (local < part)
+    return tp.all_reduce(F.embedding(local.clamp(0, part - 1), weight) * inside.unsqueeze(-1))
+
+
 class VocabParallelEmbedding(nn.Module):
     """Rows of the embedding split over ranks: masked local lookup, then all-reduce."""
 
@@ -197,12 +208,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = _param(self.part, dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
-        local = ids - self.start
-        inside = (local >= 0) & (local < self.part)
-        out = F.embedding(local.clamp(0, self.part - 1), self.weight) * inside.unsqueeze(-1)
-        return self.tp.all_reduce(out)
+        return vocab_rows(self.weight, ids, self.start, self.tp)
 
     def load(self, src: TensorSource) -> None:
         _copy(self.weight, _narrow(src, 0, self.start, self.part, self.part * self.tp.size, "embedding"), "embedding")
@@ -223,13 +229,8 @@ class ParallelLMHead(nn.Module):
         return self.tp.all_gather_last(dense(h, self.weight))  # [..., V]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Whole weight rows of the token ids [n] -> [n, H] on every rank (masked lookup + all-reduce)."""
-        if self.tp.size == 1:
-            return self.weight[ids]
-        local = ids - self.start
-        inside = (local >= 0) & (local < self.part)
-        out = self.weight[local.clamp(0, self.part - 1)] * inside.unsqueeze(-1)
-        return self.tp.all_reduce(out)
+        """Whole weight rows of the token ids [n] -> [n, H] on every rank."""
+        return vocab_rows(self.weight, ids, self.start, self.tp)
 
     def load(self, src: TensorSource) -> None:
         _copy(self.weight, _narrow(src, 0, self.start, self.part, self.part * self.tp.size, "lm_head"), "lm_head")
