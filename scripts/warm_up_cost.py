@@ -99,7 +99,10 @@ def main() -> None:
         print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files, "
               f"{sum(r[3] for r in mine)} compiles")
     print(f"cold warm-up in all: {cold:.1f} s; the costliest functions (cumulative):")
-    pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(a.top)
+    stats = pstats.Stats(prof, stream=sys.stdout)
+    stats.sort_stats("cumulative").print_stats(a.top)
+    print("by own time (a C call that waits, e.g. on a kernel's selection or the allocator, shows here):")
+    stats.sort_stats("tottime").print_stats(a.top)
 
 
 if __name__ == "__main__":
