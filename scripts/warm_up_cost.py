@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python scripts/warm_up_cost.py --device cuda [--compile-prefill]   # H200: a table, a profile
     PYTHONPATH=. python scripts/warm_up_cost.py --device cpu --max-length 32 --rows 2   # smoke test
+    PYTHONPATH=. python scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --cache DIR   # twice: cold, warm
 
 On a fresh H200 `eaglet serve` printed "prefills ready (108.0 s)" before its batch-1 step compiled, and
 `bench` spent 33-94 s a method on its shape pass: each new (rows, length) prefill graph is built on first
@@ -10,8 +11,10 @@ every power of two of rows up to ``--rows``, target then draft, then eager prefi
 lengths) with random SmolLM2-shaped weights and a random draft, in a process whose Triton and inductor
 caches start empty, timing every graph and counting the Triton and inductor cache files written and the graphs
 dynamo compiled for it (``TORCH_LOGS=recompiles`` prints why each recompile happened); then the
-costliest functions of the whole warm-up by cumulative time (cProfile). ``--compile-prefill`` fuses each
-bucket first, as `bench` and `serve` do by default on CUDA.
+costliest functions of the whole warm-up by cumulative and by own time (cProfile). ``--compile-prefill`` fuses
+each bucket first, as `bench` and `serve` do by default on CUDA. A fresh H100's servers took ~335 s to warm 78
+target graphs whether torch's caches were warm or not (docs/performance.md, session 42): ``--cache`` run twice
+tells what a later process still pays.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ def main() -> None:
     ap.add_argument("--compile-prefill", action="store_true",
                     help="fuse each bucket with torch.compile before capture (bench's and serve's default on CUDA)")
     ap.add_argument("--top", type=int, default=25, help="functions of the profile to print")
+    ap.add_argument("--cache", help="torch's Triton and inductor caches here (default: a new empty folder); a "
+                                    "second run with the same folder shows what a later process still pays")
     a = ap.parse_args()
-    tmp = tempfile.mkdtemp()
+    tmp = a.cache or tempfile.mkdtemp()
     os.environ["TRITON_CACHE_DIR"] = triton_dir = f"{tmp}/triton"
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir = f"{tmp}/inductor"
     import cProfile

@@ -1,5 +1,5 @@
 #!/bin/bash
-# A device plan (`start.sh 300 plan_warmup.sh`, or alone in a call with carry [".dev/ab"]; ~6 minutes, no GGUF): the
+# A device plan (`NO_GGUF=1 bash scripts/h200/start.sh 300 plan_warmup.sh`, carry [".dev/ab"], no staging; ~10 minutes): the
 # graphed prefills' cold warm-up and a prompt's admission since they take SDPA's causal path at every length
 # (session 40). Before, a compiled prefill asked whether the Triton kernel applies (<= 128 tokens) and compiled
 # twice per row count: 4 compiles a model, 8 for a server's target and draft at batch sizes above 1; a fresh H100's
@@ -13,9 +13,14 @@
 export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 echo "### warm-up cost $(date +%T)"
-TORCH_LOGS=recompiles timeout 420 python3 scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --top 20 \
-  > "$OUT/warm_up_cost.txt" 2>&1
-grep -v "^ \|^$" "$OUT/warm_up_cost.txt" | grep -i "^target\|^draft\|recompil\|prefills,\|cold warm-up\|Error" | cut -c1-200 | tail -60
+# Twice over one cache folder: a cold process, then a later one (the servers' second process paid as much).
+for run in cold warm; do
+  TORCH_LOGS=recompiles timeout 300 python3 scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --top 20 \
+    --cache /tmp/warm_up_cache > "$OUT/warm_up_cost_$run.txt" 2>&1
+  echo "## $run $(date +%T)"
+  grep -v "^ \|^$" "$OUT/warm_up_cost_$run.txt" | grep -i "^target\|^draft\|recompil\|prefills,\|cold warm-up\|Error" \
+    | cut -c1-200 | tail -60
+done
 echo "### admission A/B $(date +%T)"
 bash scripts/h200/admission_ab.sh > /dev/null 2>&1
 grep -A6 "^### \|admit" "$OUT/admission_ab.txt" | cut -c1-160 | tail -40

@@ -5,8 +5,11 @@
 # /tmp/eg/log, what it keeps goes to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1
 # seconds. Further names after $2 run after it in the same background session (`start.sh 400 int8_head.sh
 # plan_serve.sh`): nothing waits on a reply between them, so the machine cannot go back in the gap.
+# NO_GGUF=1: a plan that needs no GGUF (plan_warmup.sh, random weights) starts without any staging call.
 set -e
-if [ -f /tmp/smol.gguf ] && [ ! -f /tmp/smol.gguf.part ]; then
+if [ "$NO_GGUF" = 1 ]; then
+  echo "no GGUF staged (NO_GGUF=1)"
+elif [ -f /tmp/smol.gguf ] && [ ! -f /tmp/smol.gguf.part ]; then
   # A second plan on a machine still warm from the first (as in session 36): the GGUF is in place already.
   echo "/tmp/smol.gguf staged by an earlier call: the last part not appended"
 else
@@ -16,7 +19,9 @@ else
   [ "$sum" = a1231443440b107ff29f02bdb38c9d0a ] || { echo "the staged GGUF's md5 is $sum: a part is missing"; exit 1; }
   mv /tmp/smol.gguf.part /tmp/smol.gguf
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/q*/*.whl
+if ls .dev/q*/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/q*/*.whl
+fi
 rm -rf /tmp/eg/repo /tmp/eg/DONE /tmp/eg/res && mkdir -p /tmp/eg/repo /tmp/eg/res
 # The tree and what else this call carries in .dev (an earlier kernel for iteration_ab.sh), not the GGUF's parts.
 tar --exclude='./.dev/q*' --exclude='./.dev/p*' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)
