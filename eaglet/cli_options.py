@@ -9,19 +9,21 @@ from collections.abc import Callable
 from eaglet.doctor.config import DoctorConfig
 from eaglet.options import (
     BenchConfig,
-    CaptureOptions,
-    DraftImportOptions,
     EndpointBenchConfig,
     EngineOptions,
     GenerateOptions,
-    RegenConfig,
-    RegenerateOptions,
     SamplingParams,
     ServeConfig,
     TargetOptions,
+    TreeConfig,
+)
+from eaglet.train_options import (
+    CaptureOptions,
+    DraftImportOptions,
+    RegenConfig,
+    RegenerateOptions,
     TrainConfig,
     TrainOptions,
-    TreeConfig,
 )
 
 
@@ -83,7 +85,8 @@ def train(a: Namespace) -> TrainOptions:
     cfg = TrainConfig(ttt_steps=a.ttt_steps, decay=a.decay, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
                       warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
                       epochs=a.epochs, max_steps=a.max_steps, batch_tokens=a.batch_tokens, max_len=a.max_len,
-                      draft_vocab_size=a.draft_vocab_size, capture_points=a.capture, save_every=a.save_every,
+                      draft_vocab_size=a.draft_vocab_size, draft_intermediate_size=a.draft_intermediate_size,
+                      capture_points=a.capture, save_every=a.save_every,
                       val_every=a.val_every, seed=a.seed, autocast=False if a.no_autocast else None,
                       tensorboard=a.tensorboard, aux_norm=a.aux_norm, aux_noise=a.aux_noise,
                       earlier_turns=not a.target_turns_only, compile_loss=a.compile_loss,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from eaglet import options
+from eaglet import train_options
 from eaglet.cli_args import add_target, add_tp
 from eaglet.cli_checks import answer_list, integer, number, point_list, url
 from eaglet.errors import EagletError
@@ -25,7 +25,7 @@ def apply_recipe(args: argparse.Namespace) -> None:
         raise EagletError(f"--recipe {args.recipe} sets the data --regenerate writes and the epochs over it; add "
                           "--regenerate, or leave --recipe out")
     given = getattr(args, "given", set())
-    for dest, value in options.RECIPES[args.recipe].items():
+    for dest, value in train_options.RECIPES[args.recipe].items():
         if dest not in given:
             setattr(args, dest, value)
     if not args.self_prompts and "self_prompt_openers" not in given:  # --self-prompts 0: the recipe's openers go too
@@ -35,7 +35,7 @@ def apply_recipe(args: argparse.Namespace) -> None:
 def _add_regen_options(p: argparse.ArgumentParser, batch_flag: str, endpoint: bool) -> None:
     """The regeneration options of ``data regenerate`` and ``train --regenerate``; ``endpoint``: the command
     also answers through ``--endpoint``."""
-    rc = options.RegenConfig
+    rc = train_options.RegenConfig
     p.add_argument(batch_flag, dest="regen_batch_size", metavar="N", type=integer(1), default=rc.batch_size,
                    help="rows decoded together (a finished row takes the next prompt at once; default: on a GPU "
                         "the most, up to 2048, whose KV cache fits 60%% of the free memory; 256 on a CPU"
@@ -83,7 +83,7 @@ def add_training_parsers(sub) -> None:
     r.add_argument("--restart", action="store_true",
                    help="discard OUT and its recorded settings and start over (e.g. with other generation settings)")
     _add_regen_options(r, "--batch-size", endpoint=True)
-    r.add_argument("--seed", type=int, default=options.RegenConfig.seed,
+    r.add_argument("--seed", type=int, default=train_options.RegenConfig.seed,
                    help="seed of the prompt sample, batch order and sampling")
     r.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
                    help="admit no prompt after this many minutes; the answers in progress finish (default: no limit)")
@@ -92,7 +92,7 @@ def add_training_parsers(sub) -> None:
                         "--target then gives only the tokenizer (docs/training.md)")
     r.add_argument("--model", default=None, help="with --endpoint: the served model's name (default: the first listed)")
     r.add_argument("--concurrency", type=integer(1), default=None,
-                   help=f"with --endpoint: requests in flight at most (default: {options.REGEN_CONCURRENCY})")
+                   help=f"with --endpoint: requests in flight at most (default: {train_options.REGEN_CONCURRENCY})")
 
     c = dsub.add_parser("capture", help="offline features: captured points and final hidden states, sharded",
                         description="Offline features for `train --features`: the captured points and final "
@@ -105,14 +105,14 @@ def add_training_parsers(sub) -> None:
     c.add_argument("--capture", type=point_list, default=None,
                    help="residual-stream points in eaglet's convention, e.g. 2,15,27 "
                         "(default: EAGLE-3's [2, N//2, N-3])")
-    c.add_argument("--shard-samples", type=integer(1), default=options.CaptureOptions.shard_samples,
+    c.add_argument("--shard-samples", type=integer(1), default=train_options.CaptureOptions.shard_samples,
                    help="conversations per shard")
-    c.add_argument("--batch-tokens", type=integer(1), default=options.CaptureOptions.batch_tokens,
+    c.add_argument("--batch-tokens", type=integer(1), default=train_options.CaptureOptions.batch_tokens,
                    help="padded tokens per target forward")
     c.add_argument("--max-len", type=integer(8), default=None,
                    help="tokens per conversation (default: 2048 or the window)")
-    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"], default=options.CaptureOptions.feature_dtype,
-                   help="stored precision")
+    c.add_argument("--feature-dtype", choices=["bfloat16", "float32"],
+                   default=train_options.CaptureOptions.feature_dtype, help="stored precision")
     add_tp(c)
     _add_train_parser(sub)
     d = sub.add_parser("draft", help="draft checkpoints: import another tool's EAGLE-3 draft")
@@ -135,13 +135,13 @@ def _add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test); resumes from OUT/checkpoint",
                        description="Train an EAGLE-3 draft with training-time test, validate it, and export it "
                                    "to OUT/draft. A rerun with the same OUT resumes from OUT/checkpoint.")
-    tc = options.TrainConfig
+    tc = train_options.TrainConfig
     add_target(t, context=False)
-    t.add_argument("--data", default=options.TrainOptions.data,
+    t.add_argument("--data", default=train_options.TrainOptions.data,
                    help="JSONL files with answers, comma-separated; or prompts (e.g. 'builtin') with --regenerate")
     t.add_argument("--out", required=True, help="run directory: logs, checkpoint/, draft/ (the export), acc.png")
     t.add_argument("--regenerate", action="store_true", help="first have the target answer --data's prompts")
-    t.add_argument("--recipe", choices=sorted(options.RECIPES), default=None,
+    t.add_argument("--recipe", choices=sorted(train_options.RECIPES), default=None,
                    help="with --regenerate: set the data and training flags to a named recipe where not given; "
                         "'chat' is the command that made the shipped SmolLM2 draft (--answers greedy,0.7,1.0 "
                         "--max-samples 16000 --self-prompts 20000 --self-prompt-openers 0.5 --follow-ups 0 "
@@ -157,7 +157,7 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--features", default=None,
                    help="offline feature directory (`data capture`) instead of online (default: online)")
     t.add_argument("--val-features", default=None, help="offline features for validation (default: online)")
-    t.add_argument("--val-fraction", type=number(0, 1, high_open=True), default=options.TrainOptions.val_fraction,
+    t.add_argument("--val-fraction", type=number(0, 1, high_open=True), default=train_options.TrainOptions.val_fraction,
                    help="held out when records carry no split")
     t.add_argument("--time-budget-min", type=number(0, low_open=True), default=None,
                    help="whole-command budget; training stops in time to validate and export (default: none)")
@@ -194,6 +194,9 @@ def _add_train_parser(sub) -> None:
                    help="tokens per conversation (default: 2048 or the window)")
     t.add_argument("--draft-vocab-size", type=integer(1), default=tc.draft_vocab_size,
                    help="draft vocabulary (default: half the target's, in multiples of 4096, at most 32768)")
+    t.add_argument("--draft-intermediate-size", type=integer(1), default=tc.draft_intermediate_size, metavar="N",
+                   help="the draft layer's MLP width (default: the target layer's, as EAGLE-3's drafts): more "
+                        "capacity at the same hidden size; the draft's config records it, so every engine loads it")
     t.add_argument("--init-draft", default=None, metavar="DRAFT",
                    help="start from this draft's weights and vocabulary instead of a new draft, to train it on "
                         "more data ('default': the target's shipped draft; it must read the run's --capture "

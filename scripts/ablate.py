@@ -47,11 +47,11 @@ sys.path.insert(0, str(REPO))
 from eaglet.data.prompts import Conversation, load_conversations, split_train_val  # noqa: E402
 from eaglet.draft.compat import load_draft_for  # noqa: E402
 from eaglet.errors import Interrupted  # noqa: E402
-from eaglet.options import RegenConfig, TrainConfig  # noqa: E402
 from eaglet.train.budget import CLOCK_NAME, spent  # noqa: E402
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
+from eaglet.train_options import RegenConfig, TrainConfig  # noqa: E402
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
 # corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "steered" (+ Magpie prompts

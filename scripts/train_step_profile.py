@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from eaglet.options import TrainConfig
 from eaglet.train.probe import StepRig
+from eaglet.train_options import TrainConfig
 from scripts.bench_decode import random_target
 from scripts.spec_step_costs import kernel_profile
 

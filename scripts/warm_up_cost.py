@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python scripts/warm_up_cost.py --device cuda [--compile-prefill]   # H200: a table, a profile
     PYTHONPATH=. python scripts/warm_up_cost.py --device cpu --max-length 32 --rows 2   # smoke test
-    PYTHONPATH=. python scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --cache DIR   # twice: cold, warm
+    PYTHONPATH=. python scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --cache DIR  # cold, then warm
 
 On a fresh H200 `eaglet serve` printed "prefills ready (108.0 s)" before its batch-1 step compiled, and
 `bench` spent 33-94 s a method on its shape pass: each new (rows, length) prefill graph is built on first

@@ -5,8 +5,8 @@ above (function-level imports count too: they are dependencies all the same):
 
  0  errors, the package root       one-sentence errors and exit statuses
  1  parallel/                      process groups, launching, the rank-0 mirror (torch and errors only)
- 2  outputs, interrupt, options,   atomic writes, Ctrl-C, the typed options every command takes,
-    capture                        the capture contract
+ 2  outputs, interrupt, options,   atomic writes, Ctrl-C, the typed options every command takes (those of
+    train_options, capture         the commands that make a draft apart), the capture contract
  3  models/, kv_cache, sampling    the target's math
  4  loading/                       checkpoints into models (models/ never reads loading/)
  5  generate, session, cuda_graph, plain decoding and its running batch, prefill graphs; prompts as chat
@@ -31,7 +31,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eaglet"
 LAYERS = [
     {"errors", ""},
     {"parallel"},
-    {"outputs", "interrupt", "options", "capture", "openai_client"},
+    {"outputs", "interrupt", "options", "train_options", "capture", "openai_client"},
     {"models", "kv_cache", "sampling"},
     {"loading"},
     {"generate", "session", "cuda_graph", "prefill", "chat", "detokenize", "draft"},

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from eaglet.commands.common import lead, load, prepare, shard, tp_job
 from eaglet.errors import EagletError
-from eaglet.options import REGEN_CONCURRENCY, CaptureOptions, RegenerateOptions, TargetOptions
+from eaglet.options import TargetOptions
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
+from eaglet.train_options import REGEN_CONCURRENCY, CaptureOptions, RegenerateOptions
 
 
 def _device(t: TargetOptions):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from eaglet.commands.common import load
-from eaglet.options import DraftImportOptions
+from eaglet.train_options import DraftImportOptions
 
 
 def import_(opts: DraftImportOptions) -> int:

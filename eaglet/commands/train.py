@@ -10,10 +10,10 @@ from typing import Any
 
 from eaglet.commands.common import lead, load, prepare, shard, tp_job
 from eaglet.errors import EagletError
-from eaglet.options import TrainOptions
 from eaglet.parallel.launch import is_main_process, run_tp
 from eaglet.parallel.state import TPGroup
 from eaglet.train.budget import CLOCK_NAME, Clock, spent
+from eaglet.train_options import TrainOptions
 
 
 def run(opts: TrainOptions) -> int:

@@ -27,8 +27,8 @@ from eaglet.data.prompts import note
 from eaglet.data.refill import Answer, Job
 from eaglet.errors import EagletError
 from eaglet.openai_client import post_json
-from eaglet.options import REGEN_CONCURRENCY
 from eaglet.sampling import SamplingParams
+from eaglet.train_options import REGEN_CONCURRENCY
 
 POLL_S = 0.5  # how often the loop looks at Ctrl-C while every request in flight is still running
 TIMEOUT_S = 900.0  # one answer of a large model at a busy server can take minutes

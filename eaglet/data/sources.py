@@ -35,7 +35,7 @@ from eaglet.data.regenerate import RegenStats, regenerate, run_rows
 from eaglet.data.remote import Endpoint
 from eaglet.data.self_prompts import TurnConfig, follow_up_jobs, load_written, self_prompt_jobs, write_turns
 from eaglet.loading.target import Target
-from eaglet.options import RegenConfig
+from eaglet.train_options import RegenConfig
 
 SELF_VAL_SOURCE = "self-heldout"
 SELF_VAL_FRACTION = 0.05  # of the Magpie prompts, held out for validation

@@ -72,10 +72,11 @@ class DraftConfig:
 
     @classmethod
     def for_target(cls, t: ModelConfig, capture: CaptureSpec, draft_vocab_size: int,
-                   aux_norm: bool = False) -> DraftConfig:
-        """A draft shaped like one layer of the target (EAGLE-3's choice; see ``draft_shape``)."""
+                   aux_norm: bool = False, intermediate_size: int | None = None) -> DraftConfig:
+        """A draft shaped like one layer of the target (EAGLE-3's choice; see ``draft_shape``), its MLP
+        ``intermediate_size`` wide if given (a draft of more capacity at the same hidden size)."""
         inter, heads, kv_heads, head_dim = t.draft_shape()
-        return cls(hidden_size=t.hidden_size, intermediate_size=inter, num_heads=heads,
+        return cls(hidden_size=t.hidden_size, intermediate_size=intermediate_size or inter, num_heads=heads,
                    num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=t.vocab_size,
                    draft_vocab_size=min(draft_vocab_size, t.vocab_size), capture=capture,
                    rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,

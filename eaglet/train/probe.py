@@ -22,11 +22,12 @@ from eaglet.data.template import Tokenized
 from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.draft.vocab import default_draft_vocab_size
 from eaglet.loading.target import Target
-from eaglet.options import TrainConfig, on_cuda_unless_given
+from eaglet.options import on_cuda_unless_given
 from eaglet.train.evaluate import unroll
 from eaglet.train.feature_cache import FeatureCache
 from eaglet.train.inputs import Featurizer
 from eaglet.train.ttt import TTTLoss
+from eaglet.train_options import TrainConfig
 
 # A run's padded tokens a second over a bare step's: validation every 250 steps, checkpoints and loading
 # batches (session 13's run made 98k a second; its step alone, scripts/train_step_profile.py, 108.8k).
@@ -45,7 +46,8 @@ class StepRig:
         capture = cfg.capture(tc.num_layers)
         size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size)
         with torch.device(device):
-            self.draft = Eagle3Draft(DraftConfig.for_target(tc, capture, size, cfg.aux_norm))
+            self.draft = Eagle3Draft(DraftConfig.for_target(tc, capture, size, cfg.aux_norm,
+                                                            cfg.draft_intermediate_size))
         self.draft.set_vocab(torch.arange(size, device=device))
         t = min(row_tokens, cfg.batch_tokens)
         self.rows = list(range(max(1, cfg.batch_tokens // t)))

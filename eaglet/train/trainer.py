@@ -33,7 +33,7 @@ from eaglet.draft.vocab import coverage, default_draft_vocab_size, select_vocab,
 from eaglet.errors import EagletError
 from eaglet.interrupt import Interrupted, stop_on_signal
 from eaglet.loading.target import Target
-from eaglet.options import TrainConfig, on_cuda_unless_given
+from eaglet.options import on_cuda_unless_given
 from eaglet.speculative.load import resolve_draft
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo, all_sum, any_rank
 from eaglet.train.evaluate import score, unroll
@@ -42,6 +42,7 @@ from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
 from eaglet.train.ttt import SERVE_WINDOW, TTTLoss
+from eaglet.train_options import TrainConfig
 
 
 def lr_at(cfg: TrainConfig, step: int, total: int, time_frac: float) -> float:
@@ -115,7 +116,8 @@ class Trainer:
             size = cfg.draft_vocab_size or default_draft_vocab_size(tc.vocab_size)
             with torch.random.fork_rng(devices=[]), torch.device(dev):
                 torch.manual_seed(cfg.seed)  # the same seed gives the same initial draft
-                self.draft = Eagle3Draft(replace(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm),
+                self.draft = Eagle3Draft(replace(DraftConfig.for_target(tc, self.capture, size, cfg.aux_norm,
+                                                                        cfg.draft_intermediate_size),
                                                  vocab_by_frequency=True))
             return None
         path = resolve_draft(cfg.init_draft, self.target)
@@ -127,6 +129,9 @@ class Trainer:
             bad.append(f"it reads points {list(c.capture.points)}, this run {list(self.capture.points)} (--capture)")
         if c.aux_norm != cfg.aux_norm:
             bad.append(f"it was trained {'with' if c.aux_norm else 'without'} --aux-norm")
+        if cfg.draft_intermediate_size not in (None, c.intermediate_size):
+            bad.append(f"its MLP is {c.intermediate_size} wide, not --draft-intermediate-size "
+                       f"{cfg.draft_intermediate_size}")
         if cfg.draft_vocab_size not in (None, c.draft_vocab_size):
             bad.append(f"its vocabulary has {c.draft_vocab_size} tokens, not --draft-vocab-size {cfg.draft_vocab_size}")
         if bad:

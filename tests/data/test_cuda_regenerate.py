@@ -14,7 +14,7 @@ import torch
 
 import eaglet.data.sources as sources
 from eaglet.loading import load_target
-from eaglet.options import RegenConfig
+from eaglet.train_options import RegenConfig
 from tests.train.helpers import answers_end_after, count_generators, make_tiny_target_dir, prompts, stages_apart
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

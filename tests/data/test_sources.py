@@ -25,8 +25,8 @@ from eaglet.data.sources import answer_sources, side_file
 from eaglet.data.template import tokenize_conversations
 from eaglet.errors import EagletError
 from eaglet.generate import Completion, PlainGenerator
-from eaglet.options import RegenConfig
 from eaglet.sampling import SamplingParams
+from eaglet.train_options import RegenConfig
 from tests.conftest import smollm2_gguf
 from tests.train.helpers import answers_end_after, count_generators, prompts, stages_apart, tiny_tokenizer
 

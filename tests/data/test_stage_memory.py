@@ -11,9 +11,9 @@ from eaglet.data import refill, self_prompts, sources
 from eaglet.data.self_prompts import TurnConfig, self_prompt_jobs, write_turns
 from eaglet.data.sources import answer_sources
 from eaglet.generate import PlainGenerator, StopChecker
-from eaglet.options import RegenConfig
 from eaglet.sampling import SamplingParams
 from eaglet.session import Session
+from eaglet.train_options import RegenConfig
 from tests.train.helpers import prompts
 
 

@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 from eaglet.chat import encode_chat
 from eaglet.doctor.samples import answer_data
 from eaglet.generate import PlainGenerator
-from eaglet.options import TrainConfig
 from eaglet.sampling import SamplingParams
 from eaglet.train.trainer import Trainer
+from eaglet.train_options import TrainConfig
 from tests.train.helpers import load_tiny, make_tiny_target_dir, one_thread, prompts, write_jsonl  # noqa: F401
 
 LAYERS = 4

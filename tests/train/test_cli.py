@@ -25,9 +25,10 @@ def test_commands_end_to_end(tiny_target_dir, tmp_path, capsys):
     assert _last_json(capsys)["shards_written"] == 3
     assert main(["train", *target, "--data", str(tmp_path / "r.jsonl"), "--features", str(tmp_path / "f"),
                  "--out", str(tmp_path / "run"), "--max-steps", "2", "--ttt-steps", "2",
-                 "--batch-tokens", "512"]) == 0
+                 "--batch-tokens", "512", "--draft-intermediate-size", "96"]) == 0
     res = _last_json(capsys)
     assert res["steps"] == 2 and res["val"]["positions"] > 0
+    assert json.loads((tmp_path / "run" / "draft" / "config.json").read_text())["intermediate_size"] == 96
     assert main(["draft", "import", str(tmp_path / "run" / "draft"), str(tmp_path / "imported"), *target,
                  "--capture-ids", "1,0,2", "--convention", "sglang"]) == 0
     assert _last_json(capsys)["capture_points"] == [2, 1, 3]
@@ -41,6 +42,9 @@ def test_user_errors_are_one_line(tiny_target_dir, tmp_path, capsys):
     assert err[-1].startswith("eaglet: error: ") and "no usable conversation" in err[-1]
     assert main(["train", *target, "--data", str(empty), "--out", str(tmp_path / "run"), "--lr", "-1"]) == 2
     assert "argument --lr: expected a number > 0, got '-1'" in capsys.readouterr().err
+    assert main(["train", *target, "--data", str(empty), "--out", str(tmp_path / "run"),
+                 "--draft-intermediate-size", "0"]) == 2
+    assert "argument --draft-intermediate-size: expected an integer >= 1, got '0'" in capsys.readouterr().err
     assert main(["draft", "import", str(tmp_path), str(tmp_path / "x"), *target]) == 2
     assert "not a draft directory" in capsys.readouterr().err
     asks = write_jsonl(tmp_path / "asks.jsonl", [{"messages": list(p.messages)} for p in prompts(2, seed=1)])

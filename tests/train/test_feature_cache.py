@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from eaglet.capture import CaptureSpec
-from eaglet.options import TrainConfig
 from eaglet.train.feature_cache import FeatureCache, caches_for
 from eaglet.train.inputs import Featurizer
 from eaglet.train.trainer import Trainer
+from eaglet.train_options import TrainConfig
 from tests.train.helpers import token_data
 
 FAST = dict(ttt_steps=2, lr=3e-3, warmup_steps=2, batch_tokens=256, progress=False)

@@ -13,9 +13,9 @@ from eaglet.cli import main
 from eaglet.draft.compat import load_draft_for
 from eaglet.draft.model import PointNorm
 from eaglet.errors import EagletError
-from eaglet.options import TrainConfig
 from eaglet.train.budget import BudgetSplit
 from eaglet.train.trainer import Trainer
+from eaglet.train_options import TrainConfig
 from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, token_data, write_jsonl
 
 FAST = dict(ttt_steps=2, lr=3e-3, warmup_steps=2, batch_tokens=256, epochs=20, progress=False)
@@ -147,7 +147,7 @@ def test_a_budgeted_regeneration_splits_with_a_training_rate_timed_here(tiny_tar
     """Without --train-tokens-per-s, the budget's split divides by the rate the probe timed on this machine
     (not the H200 figure); given a rate, nothing is timed."""
     import eaglet.train.pipeline as pipeline
-    from eaglet.options import RegenConfig
+    from eaglet.train_options import RegenConfig
 
     class Stop(Exception):
         pass

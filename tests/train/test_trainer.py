@@ -13,10 +13,13 @@ from eaglet.capture import CaptureSpec
 from eaglet.data.features import capture_features
 from eaglet.draft.compat import load_draft_for
 from eaglet.errors import EagletError
-from eaglet.options import RegenConfig, TrainConfig
+from eaglet.generate import PlainGenerator
+from eaglet.options import SamplingParams
+from eaglet.speculative import SpecEngine
 from eaglet.train.dist import DistInfo
 from eaglet.train.pipeline import run_train
 from eaglet.train.trainer import Trainer
+from eaglet.train_options import RegenConfig, TrainConfig
 from tests.train.helpers import prompts, write_jsonl
 
 FAST = dict(ttt_steps=3, lr=3e-3, warmup_steps=10, batch_tokens=512, epochs=50, progress=False)
@@ -124,6 +127,31 @@ def test_a_run_can_start_from_a_trained_draft(tiny_target, regenerated, tmp_path
                                           r"has 128 tokens, not --draft-vocab-size 64"):
         run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=1, init_draft=str(first / "draft"),
                                                            aux_norm=False, draft_vocab_size=64, **FAST))
+
+
+def test_a_wider_draft_trains_exports_and_serves_as_plain_decoding(tiny_target, regenerated, tmp_path):
+    """--draft-intermediate-size: the draft's MLP at that width from its first step, recorded in the export,
+    loaded at that shape by the engine, whose greedy output stays plain decoding's; a --init-draft of
+    another width is refused."""
+    wide = 3 * tiny_target.config.intermediate_size
+    run_train(tiny_target, _fresh(regenerated, tmp_path), tmp_path,
+              TrainConfig(max_steps=10, val_every=100, draft_intermediate_size=wide, **FAST))
+    assert json.loads((tmp_path / "draft" / "config.json").read_text())["intermediate_size"] == wide
+    draft = load_draft_for(tmp_path / "draft", tiny_target)[0].float()
+    assert draft.config.intermediate_size == wide
+    assert tuple(draft.midlayer.mlp.down_proj.weight.shape) == (tiny_target.config.hidden_size, wide)
+    params = SamplingParams(max_new_tokens=24)
+    ask = [p.messages[0]["content"] for p in prompts(4, seed=11)]
+    ids = [tiny_target.tokenizer(text, add_special_tokens=False)["input_ids"][:20] for text in ask]
+    plain = [o.tokens for o in PlainGenerator(tiny_target, 256).generate(ids, params)]
+    spec = SpecEngine(tiny_target, draft, 256, num_steps=3, topk=2, num_draft_tokens=6, adaptive=False,
+                      log=lambda _: None)
+    assert [o.tokens for o in spec.generate(ids, params)] == plain
+    (again := tmp_path / "again").mkdir()
+    with pytest.raises(EagletError, match=f"its MLP is {wide} wide, not --draft-intermediate-size {2 * wide}"):
+        run_train(tiny_target, _fresh(regenerated, again), again,
+                  TrainConfig(max_steps=1, init_draft=str(tmp_path / "draft"), draft_intermediate_size=2 * wide,
+                              **FAST))
 
 
 def test_time_budget_still_exports(tiny_target, regenerated, tmp_path):
