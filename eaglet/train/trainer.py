@@ -69,6 +69,8 @@ class Trainer:
         self.run_key = {"target": {k: v for k, v in target_identity(target).items() if k != "name"},
                         "capture": self.capture.to_json(), "draft_vocab_size": self.draft.config.draft_vocab_size,
                         "ttt_steps": cfg.ttt_steps, **({"aux_norm": True} if cfg.aux_norm else {}),
+                        **({"intermediate_size": width} if (width := self.draft.config.intermediate_size)
+                           != tc.draft_shape()[0] else {}),  # only where it differs: older checkpoints resume
                         "vocab_order": "frequency" if self.draft.config.vocab_by_frequency else "id",
                         **({"init_draft": str(init)} if init else {})}
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95),

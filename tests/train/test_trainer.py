@@ -147,6 +147,8 @@ def test_a_wider_draft_trains_exports_and_serves_as_plain_decoding(tiny_target, 
     spec = SpecEngine(tiny_target, draft, 256, num_steps=3, topk=2, num_draft_tokens=6, adaptive=False,
                       log=lambda _: None)
     assert [o.tokens for o in spec.generate(ids, params)] == plain
+    with pytest.raises(EagletError, match="other settings"):  # its checkpoint resumes only at its width
+        run_train(tiny_target, str(tmp_path / "regenerated.jsonl"), tmp_path, TrainConfig(max_steps=12, **FAST))
     (again := tmp_path / "again").mkdir()
     with pytest.raises(EagletError, match=f"its MLP is {wide} wide, not --draft-intermediate-size {2 * wide}"):
         run_train(tiny_target, _fresh(regenerated, again), again,
