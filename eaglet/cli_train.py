@@ -196,7 +196,7 @@ def _add_train_parser(sub) -> None:
                    help="draft vocabulary (default: half the target's, in multiples of 4096, at most 32768)")
     t.add_argument("--draft-intermediate-size", type=integer(1), default=tc.draft_intermediate_size, metavar="N",
                    help="the draft layer's MLP width (default: the target layer's, as EAGLE-3's drafts): more "
-                        "capacity at the same hidden size; the draft's config records it, so every engine loads it")
+                        "capacity at the same hidden size, recorded in the draft's config.json (intermediate_size)")
     t.add_argument("--init-draft", default=None, metavar="DRAFT",
                    help="start from this draft's weights and vocabulary instead of a new draft, to train it on "
                         "more data ('default': the target's shipped draft; it must read the run's --capture "
