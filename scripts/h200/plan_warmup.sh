@@ -6,7 +6,7 @@
 # server printed "prefills ready (151.3 s)" at batch size 1 and 422.0 s at 1, 16 and 64. warm_up_cost.py with empty
 # caches counts the compiles per graph (2 a model expected: one row, then more) and TORCH_LOGS names each
 # recompile's cause; admission_ab.sh times an admission with this tree and with the files in .dev/ab (the earlier
-# attention path, `git show 1373782:PATH`). Session 42 (a server's bars, and this script cut ~150 s in): one row's 12
+# attention path, `git show 1373782:PATH`). Session 42 (a server's bars, and this script cut after ~6 min): one row's 12
 # lengths compiled once, yet each new length cost ~8-13 s, warm caches or not; the bars fit a cost per new token count
 # (rows x length). Two row counts tell it: two rows' buckets that repeat one row's counts (2 x 16 .. 2 x 512) should
 # be fast, 2 x 768 and 2 x 1024 slow; the profile by own time names what waits.
