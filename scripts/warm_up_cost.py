@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--compile-prefill", action="store_true",
                     help="fuse each bucket with torch.compile before capture (bench's and serve's default on CUDA)")
     ap.add_argument("--top", type=int, default=25, help="functions of the profile to print")
+    ap.add_argument("--lengths", default=None, metavar="L1,L2,...",
+                    help="the prefill buckets' lengths instead of prefill.LENGTHS (an experiment: fewer distinct "
+                         "lengths, fewer new shapes to warm, more padding)")
     ap.add_argument("--cache", help="torch's Triton and inductor caches here (default: a new empty folder); a "
                                     "second run with the same folder shows what a later process still pays")
     a = ap.parse_args()
@@ -47,10 +50,13 @@ def main() -> None:
     import torch
     from torch._dynamo.utils import counters
 
+    import eaglet.prefill
     from eaglet.serve.server import PREFILL_LENGTHS
     from eaglet.speculative import SpecEngine
     from scripts.bench_decode import random_draft, random_target
 
+    if a.lengths:
+        eaglet.prefill.LENGTHS = tuple(sorted(map(int, a.lengths.split(","))))  # read when the engine is built
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     target = random_target("smollm2-135m", dtype, a.device)

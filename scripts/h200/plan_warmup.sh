@@ -1,6 +1,6 @@
 #!/bin/bash
-# A device plan (`NO_GGUF=1 bash scripts/h200/start.sh 300 plan_warmup.sh`, carry [".dev/ab"], no staging; ~10 minutes): the
-# graphed prefills' cold warm-up and a prompt's admission since they take SDPA's causal path at every length
+# A device plan (`NO_GGUF=1 bash scripts/h200/start.sh 300 plan_warmup.sh`, carry [".dev/ab"], no staging; ~13
+# minutes): the graphed prefills' cold warm-up and a prompt's admission since they take SDPA's causal path at every length
 # (session 40). Before, a compiled prefill asked whether the Triton kernel applies (<= 128 tokens) and compiled
 # twice per row count: 4 compiles a model, 8 for a server's target and draft at batch sizes above 1; a fresh H100's
 # server printed "prefills ready (151.3 s)" at batch size 1 and 422.0 s at 1, 16 and 64. warm_up_cost.py with empty
@@ -13,10 +13,13 @@
 export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 echo "### warm-up cost $(date +%T)"
-# Twice over one cache folder: a cold process, then a later one (the servers' second process paid as much).
-for run in cold warm; do
+# Twice over one cache folder: a cold process, then a later one (the servers' second process paid as much); then
+# cold again with the lengths in powers of two (7 a row instead of 12: the lever if new token counts cost).
+for run in cold warm pow2; do
+  more=(--cache /tmp/warm_up_cache)
+  [ $run = pow2 ] && more=(--cache /tmp/warm_up_cache_pow2 --lengths 16,32,64,128,256,512,1024)
   TORCH_LOGS=recompiles timeout 300 python3 scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --top 20 \
-    --cache /tmp/warm_up_cache > "$OUT/warm_up_cost_$run.txt" 2>&1
+    "${more[@]}" > "$OUT/warm_up_cost_$run.txt" 2>&1
   echo "## $run $(date +%T)"
   grep -v "^ \|^$" "$OUT/warm_up_cost_$run.txt" | grep -i "^target\|^draft\|recompil\|prefills,\|cold warm-up\|Error" \
     | cut -c1-200 | tail -60
