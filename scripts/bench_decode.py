@@ -47,14 +47,15 @@ def random_target(name: str, dtype, device) -> Target:
     return Target(model, None, cfg, f"random:{name}", None)
 
 
-def random_draft(target: Target, draft_vocab: int):
-    """A randomly initialised EAGLE-3 draft of ``target``'s shape, as served (fused projections, the first
-    ``draft_vocab`` tokens): costs do not depend on the values."""
+def random_draft(target: Target, draft_vocab: int, intermediate_size: int | None = None):
+    """A randomly initialised EAGLE-3 draft of ``target``'s shape (its MLP ``intermediate_size`` wide if given), as
+    served (fused projections, the first ``draft_vocab`` tokens): costs do not depend on the values."""
     from eaglet.capture import CaptureSpec
     from eaglet.draft.model import DraftConfig, Eagle3Draft
 
     cfg, p = target.config, target.model.embed.weight
-    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), draft_vocab))
+    draft = Eagle3Draft(DraftConfig.for_target(cfg, CaptureSpec.eagle3_default(cfg.num_layers), draft_vocab,
+                                               intermediate_size=intermediate_size))
     draft = draft.to(p.device, p.dtype).eval().requires_grad_(False).fuse_projections()
     draft.set_vocab(torch.arange(draft_vocab, device=p.device))
     return draft

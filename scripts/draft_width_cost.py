@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python scripts/draft_width_cost.py [--widths 1536,3072,6144] [--device cpu]
 
-A random SmolLM2-shaped target and, per width, a random draft of that MLP width (float32 on the CPU), tree 5,2,8
+A random SmolLM2-shaped target and, per width, a random draft of that MLP width as served (bench_decode.random_draft;
+float32 on the CPU), tree 5,2,8
 (the CPU's default) with the policy off: milliseconds per generated token over a few prompts of random tokens,
 the best of ``--rounds`` rounds (widths alternate within a round). A random draft's proposals are rarely accepted,
 so a token is about one iteration: the figure is the iteration's cost, not a speed-up.
@@ -15,11 +16,9 @@ import time
 
 import torch
 
-from eaglet.capture import CaptureSpec
-from eaglet.draft.model import DraftConfig, Eagle3Draft
 from eaglet.options import SamplingParams
 from eaglet.speculative import SpecEngine
-from scripts.bench_decode import random_target
+from scripts.bench_decode import random_draft, random_target
 
 
 def main() -> None:
@@ -40,13 +39,8 @@ def main() -> None:
     for _ in range(a.rounds):
         for width in map(int, a.widths.split(",")):
             torch.manual_seed(1)
-            spec = CaptureSpec.eagle3_default(cfg.num_layers)
-            with torch.device(a.device):
-                draft = Eagle3Draft(DraftConfig.for_target(cfg, spec, 24576, True, width)).to(dtype).eval()
-            draft.set_vocab(torch.arange(24576, device=a.device))
-            draft.requires_grad_(False)
-            eng = SpecEngine(target, draft, 512, num_steps=5, topk=2, num_draft_tokens=8, adaptive=False,
-                             log=lambda _: None)
+            eng = SpecEngine(target, random_draft(target, 24576, width), 512, num_steps=5, topk=2,
+                             num_draft_tokens=8, adaptive=False, log=lambda _: None)
             with torch.inference_mode():
                 eng.generate(prompts[:1], params)  # first use: the CPU's weight packing, CUDA's graphs
                 t0, tokens = time.perf_counter(), 0
