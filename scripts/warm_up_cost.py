@@ -101,7 +101,7 @@ def main() -> None:
     with torch.inference_mode():
         prof.runcall(captures)
         prof.runcall(eager)
-        cold = time.perf_counter() - t0
+        total = time.perf_counter() - t0
     print(f"{'what':<22}{'s':>8}{'files':>7}{'compiles':>9}{'inductor':>9}")
     for what, s, k, c, i in table:
         print(f"{what:<22}{s:>8.2f}{k:>7}{c:>9}{i:>9}")
@@ -109,7 +109,8 @@ def main() -> None:
         mine = [r for r in table if r[0].startswith(name)]
         print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files, "
               f"{sum(r[3] for r in mine)} compiles")
-    print(f"cold warm-up in all: {cold:.1f} s; the costliest functions (cumulative):")
+    print(f"warm-up in all: {total:.1f} s ({'caches from ' + a.cache if a.cache else 'cold'}); "
+          "the costliest functions (cumulative):")
     stats = pstats.Stats(prof, stream=sys.stdout)
     stats.sort_stats("cumulative").print_stats(a.top)
     print("by own time (a C call that waits, e.g. on a kernel's selection or the allocator, shows here):")

@@ -21,7 +21,7 @@ for run in cold warm pow2; do
   TORCH_LOGS=recompiles timeout 300 python3 scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --top 20 \
     "${more[@]}" > "$OUT/warm_up_cost_$run.txt" 2>&1
   echo "## $run $(date +%T)"
-  grep -v "^ \|^$" "$OUT/warm_up_cost_$run.txt" | grep -i "^target\|^draft\|recompil\|prefills,\|cold warm-up\|Error" \
+  grep -v "^ \|^$" "$OUT/warm_up_cost_$run.txt" | grep -i "^target\|^draft\|recompil\|prefills,\|warm-up in all\|Error" \
     | cut -c1-200 | tail -60
 done
 echo "### admission A/B $(date +%T)"
