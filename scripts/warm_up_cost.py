@@ -72,6 +72,9 @@ def main() -> None:
     def compiles() -> int:  # graphs dynamo has compiled in this process (a recompile counts)
         return counters["stats"]["unique_graphs"]
 
+    def row(what: str, s: float, k: int, c: int, i: int) -> str:
+        return f"{what:<22}{s:>8.2f}{k:>7}{c:>9}{i:>9}"
+
     table = []  # (what, seconds, Triton cache files written, dynamo compiles, inductor cache files written)
 
     def timed(what: str, fn) -> None:
@@ -81,6 +84,7 @@ def main() -> None:
         fn()
         sync()
         table.append((what, time.perf_counter() - t0, kernels() - k0, compiles() - c0, inductor_files() - i0))
+        print(row(*table[-1]), flush=True)  # as it happens: a run cut by a time limit still tells each graph's cost
 
     def captures() -> None:
         for name, graphs in (("target", eng.prefills), ("draft", eng.draft_prefills)):
@@ -96,15 +100,13 @@ def main() -> None:
             cache.reset()
             timed(f"eager prefill {n}", lambda n=n: prefill(target, cache, [[0] * n]))
 
+    print(f"{'what':<22}{'s':>8}{'files':>7}{'compiles':>9}{'inductor':>9}", flush=True)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     with torch.inference_mode():
         prof.runcall(captures)
         prof.runcall(eager)
         total = time.perf_counter() - t0
-    print(f"{'what':<22}{'s':>8}{'files':>7}{'compiles':>9}{'inductor':>9}")
-    for what, s, k, c, i in table:
-        print(f"{what:<22}{s:>8.2f}{k:>7}{c:>9}{i:>9}")
     for name in ("target", "draft", "eager"):
         mine = [r for r in table if r[0].startswith(name)]
         print(f"{name}: {len(mine)} prefills, {sum(r[1] for r in mine):.1f} s, {sum(r[2] for r in mine)} Triton files, "
