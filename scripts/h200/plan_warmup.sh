@@ -15,7 +15,8 @@ export PYTHONPATH=$PWD:/tmp/site
 echo "### warm-up cost $(date +%T)"
 # Twice over one cache folder: a cold process, then a later one (the servers' second process paid as much); then
 # cold again with the lengths in powers of two (7 a row instead of 12: the lever if new token counts cost).
-for run in cold warm pow2; do
+# RUNS: which of them (default all three); AB=0 leaves out the admission A/B.
+for run in ${RUNS:-cold warm pow2}; do
   more=(--cache /tmp/warm_up_cache)
   [ $run = pow2 ] && more=(--cache /tmp/warm_up_cache_pow2 --lengths 16,32,64,128,256,512,1024)
   TORCH_LOGS=recompiles timeout 300 python3 scripts/warm_up_cost.py --device cuda --compile-prefill --rows 2 --top 20 \
@@ -24,6 +25,7 @@ for run in cold warm pow2; do
   grep -v "^ \|^$" "$OUT/warm_up_cost_$run.txt" | grep -i "^target\|^draft\|recompil\|prefills,\|warm-up in all\|Error" \
     | cut -c1-200 | tail -60
 done
+[ "$AB" = 0 ] && exit 0
 echo "### admission A/B $(date +%T)"
 bash scripts/h200/admission_ab.sh > /dev/null 2>&1
 grep -A6 "^### \|admit" "$OUT/admission_ab.txt" | cut -c1-160 | tail -40
