@@ -3,6 +3,7 @@
 # SmolLM2 and Llama-3.1-8B shapes, 6,8,48 at batch 1, SmolLM2's with its 25 costliest kernels; ~3 minutes), issue
 # 13's server at concurrency 1 against the offline bench on the same prompts (serve_matrix.sh), then issue 11's batch
 # 64 on both prompt sets.
+# C1_DRAFTS="default none" adds the plain server at concurrency 1 (speculation never slower, issue 13).
 # ONLY=b64 runs the last part alone (no server: wheels.sh install is not needed then); STEPS=0 leaves out the first, B64=0
 # the last.
 S=/tmp/eg/res; E="python3 -m eaglet.cli"
@@ -17,7 +18,7 @@ fi
 if [ "$ONLY" != b64 ]; then
   stamp "c1: the server against offline, 64 bench prompts, 256 tokens"
   # Straight into what watch.sh returns, so that a plan cut short by the session's minutes still returns each finished run.
-  SIZES=1 LEVELS=1 N=64 DRAFTS=default OFFLINE=1 RUN_TIMEOUT=400 bash scripts/serve_matrix.sh /tmp/smol.gguf $S/c1
+  SIZES=1 LEVELS=1 N=64 DRAFTS="${C1_DRAFTS:-default}" OFFLINE=1 RUN_TIMEOUT=400 bash scripts/serve_matrix.sh /tmp/smol.gguf $S/c1
 fi
 [ "$B64" = 0 ] && { stamp end; exit 0; }
 stamp "batch 64, both sets, plain and spec"
