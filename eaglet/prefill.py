@@ -32,6 +32,12 @@ MAX_TOKENS = 16384  # padded tokens of the largest graphed prefill (SmolLM2: a 3
 # prefill's launches cost; past it compute sets the time, graph or not, so a large model graphs fewer tokens.
 FLOP_BUDGET = 1.5e13
 LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# Rows of the buckets that ``compile`` fuses. One row is a shape of its own to dynamo (sizes of 1 specialize), so
+# fusing more rows took a second compile with the rows symbolic: on a fresh H100 the first (one row, every length)
+# took 50-117 s and the second more than 180 s (session 43), most of a server's minutes of warm-up, for ~3 ms less
+# a multi-row admission (the unfused graph replays ~1,000 kernels, session 17), which continuous batching makes
+# rare: requests finish at different steps and join one at a time, and a batch's first wave is admitted once.
+FUSED_ROWS = 1
 
 # forward(ids [R, L], last [R], cache of R rows at lens 0, *extra) -> output tensors; runs L tokens a row
 # over slots 0..L-1 (static shapes) and reads position ``last`` of each row's output.
@@ -49,8 +55,8 @@ def _length_symbolic(fused: Forward) -> Forward:
     """``fused`` with each bucket's length dimension (ids [R, L], extras [R, L, ...]) symbolic from the first call.
     Left to torch's automatic dynamic shapes the first bucket compiles with static shapes and the second compiles
     again with the length symbolic: one compile more for every model that prefills (a fresh H200's server took 108 s
-    to warm its fused prefills, session 28, where the unfused graphs took 32 s). The rows stay automatic: one row is
-    a shape of its own either way (torch specializes sizes of 1)."""
+    to warm its fused prefills, session 28, where the unfused graphs took 32 s). Only one row's buckets come here
+    (``FUSED_ROWS``)."""
 
     def forward(ids: torch.Tensor, last: torch.Tensor, cache: KVCache, *extra: torch.Tensor):
         for x in (ids, *extra):
@@ -67,17 +73,17 @@ class PrefillGraphs:
     ``max_tokens``: padded tokens (rows x length) of the largest bucket, and the scratch cache's slots;
     ``extra(rows, length)``: example tensors of what ``forward`` reads besides the ids (the draft's
     captured points), for capturing ahead of use; ``graphs``: capture (CUDA), else run the same
-    padded forwards eagerly (tests of the bucketing on the CPU). ``compile``: fuse ``forward`` with
-    torch.compile before capturing (lengths symbolic from the first bucket, rows after the first, so buckets share
-    compiles): the engines' ``--compile-prefill``, on by default in ``bench`` and ``serve`` under CUDA graphs.
+    padded forwards eagerly (tests of the bucketing on the CPU). ``compile``: fuse the buckets of ``FUSED_ROWS``
+    with torch.compile before capturing (the length symbolic from the first bucket, so they share one compile): the
+    engines' ``--compile-prefill``, on by default in ``bench`` and ``serve`` under CUDA graphs. Buckets of more
+    rows capture ``forward`` unfused.
     """
 
     def __init__(self, new_cache: Callable[[int, int], KVCache], forward: Forward, device: torch.device,
                  max_length: int, max_tokens: int = MAX_TOKENS,
                  extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (), graphs: bool = True,
                  compile: bool = False):
-        if compile:
-            forward = _length_symbolic(torch.compile(forward))
+        self.fused = _length_symbolic(torch.compile(forward)) if compile else None
         self.compiled = compile
         self.new_cache, self.forward, self.device, self.extra, self.graphs = new_cache, forward, device, extra, graphs
         self.lengths = [x for x in LENGTHS if x <= min(max_length, max_tokens)]
@@ -146,9 +152,11 @@ class PrefillGraphs:
                 self.scratch[rows] = self.storage.reshaped(rows, self.max_tokens // rows)
             cache = self.scratch[rows]
 
+            forward = self.fused if self.fused is not None and rows <= FUSED_ROWS else self.forward
+
             def step(ids: torch.Tensor, last: torch.Tensor, *more: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 cache.reset()
-                return self.forward(ids, last, cache, *more)  # on the device (under a graph: its inputs)
+                return forward(ids, last, cache, *more)  # on the device (under a graph: its inputs)
 
             if not self.graphs:
                 self.steps[key] = step

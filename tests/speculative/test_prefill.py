@@ -95,6 +95,24 @@ def test_compiled_prefill_buckets_give_the_eager_logits(target):
     assert counters["frames"]["ok"] - compiled_before == 1
 
 
+def test_only_one_rows_buckets_are_fused(target):
+    """A bucket of more rows runs the unfused forward (fusing it compiled a second time with the rows symbolic,
+    minutes on a fresh H100, session 43) and gives what the eager buckets give; one row's buckets share one compile."""
+    from torch._dynamo.utils import counters
+
+    from eaglet.generate import target_prefills
+
+    torch._dynamo.reset()  # an earlier test's compile of the same forward would otherwise be reused here
+    plain, fused = (target_prefills(target, CONTEXT, False, True, compile=c) for c in (False, True))
+    before = counters["stats"]["unique_graphs"]
+    for group in (prompts_of([10, 40], seed=9), prompts_of([12], seed=10), prompts_of([5, 7, 30], seed=12)):
+        (want,), _ = plain.run(group)
+        (got,), view = fused.run(group)
+        torch.testing.assert_close(got[:len(group)], want[:len(group)], rtol=1e-4, atol=1e-4)
+        assert view.lens.tolist() == [len(p) for p in group]
+    assert counters["stats"]["unique_graphs"] - before == 1, "one compile: the one-row buckets'"
+
+
 def test_compile_prefill_fuses_both_models_buckets_and_decodes_the_same(target):
     prompts = prompts_of([12, 40], seed=8)
     params = SamplingParams(max_new_tokens=6)
