@@ -67,8 +67,10 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    # Traced and compiled once, reused by every layer: compiling a 30-layer step took ~36 s
-    # unrolled and ~10 s this way (2-core CPU), with the same output. A no-op without compile.
+    # Meant to be traced once and reused by every layer (a 30-layer step compiled in ~10 s instead of ~36 s on the
+    # 2-core CPU when this came, faf1cd2). Torch 2.13 no longer reuses it here: the ``meta`` and ``cache`` objects
+    # are not inputs its reuse accepts ("unsupported input VT types"), so each layer is traced and compiled
+    # (scripts/layer_compile.py; session 43). A no-op without compile.
     @torch.compiler.nested_compile_region
     def forward(self, h, delta, cos, sin, meta, cache):
         """(residual stream before the previous layer's MLP [B, T, H], that MLP's output [B, T, H]) -> the
