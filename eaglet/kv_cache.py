@@ -16,8 +16,10 @@ import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+import torch.utils._pytree as pytree
 
 from eaglet.errors import EagletError
 from eaglet.models.slot_moves import move_slots
@@ -71,6 +73,35 @@ class AttnMeta:
         return ((slot < lens) | (self.extra.gather(2, rel) & new)).unsqueeze(1)
 
 
+# A pytree (tensors as leaves, the rest as constants), so that torch.compile can trace the decoder layer once and
+# reuse it for every layer (``nested_compile_region`` reuses a region whose inputs are tensors, constants, modules
+# or pytrees of them; an unregistered object made it trace and compile each layer: scripts/layer_compile.py).
+# ``n_slots`` is a leaf: a compiled prefill's is its symbolic length, which a pytree's constants cannot hold.
+pytree.register_pytree_node(
+    AttnMeta,
+    lambda m: ((m.positions, m.slots, m.mask, m.lens, m.extra, m.n_slots, m._longest), (m.causal, m.empty)),
+    lambda leaves, consts: AttnMeta(*leaves[:6], *consts, _longest=leaves[6]),
+)
+
+
+class LayerKV(NamedTuple):
+    """One layer of a KVCache: keys and values [B, nkv, capacity, D] and the rows' index [B, 1]. What the layers'
+    compiled region reads instead of the cache and its layer number, which differs between layers (a tuple of
+    tensors: the region is traced once and reused, as ``AttnMeta``'s registration above)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    rows: torch.Tensor
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        # k, v [B, T, n_kv, D]; slots [B, T]. Advanced indexing puts [B, T] first.
+        self.k[self.rows, :, slots] = k
+        self.v[self.rows, :, slots] = v
+
+    def view(self, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, :n_slots], self.v[:, :, :n_slots]  # [B, n_kv, S, D]
+
+
 def to_device(data, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``torch.tensor(data, dtype=dtype, device=device)`` without waiting for the device. On CUDA a tensor made
     there from a list is a copy from pageable memory, which waits for everything queued before it; this goes up
@@ -113,13 +144,14 @@ class KVCache:
     def batch(self) -> int:
         return self.lens.shape[0]
 
+    def layer(self, layer: int) -> LayerKV:
+        return LayerKV(self.k[layer], self.v[layer], self._rows)
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        # k, v [B, T, n_kv, D]; slots [B, T]. Advanced indexing puts [B, T] first.
-        self.k[layer][self._rows, :, slots] = k
-        self.v[layer][self._rows, :, slots] = v
+        self.layer(layer).write(k, v, slots)
 
     def view(self, layer: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer][:, :, :n_slots], self.v[layer][:, :, :n_slots]  # [B, n_kv, S, D]
+        return self.layer(layer).view(n_slots)
 
     def reset(self) -> None:
         self.lens.zero_()

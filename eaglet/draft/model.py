@@ -109,8 +109,9 @@ class DraftAttention(nn.Module):
         k = apply_rotary(k.view(b, t, self.n_kv, self.d), cos, sin)  # [B, T, nkv, D]
         v = v.view(b, t, self.n_kv, self.d)
         if cache is not None:
-            cache.write(0, k, v, meta.slots)
-            out = cached_attention(q, cache, 0, meta)  # [B, T, nq, D]
+            kv = cache.layer(0)
+            kv.write(k, v, meta.slots)
+            out = cached_attention(q, kv, meta)  # [B, T, nq, D]
             return self.o_proj(out.reshape(b, t, self.n_q * self.d))
         # Training-time test: keys are every earlier step's K/V plus this step's.
         past.append((k.transpose(1, 2), v.transpose(1, 2)))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.kv_cache import AttnMeta, LayerKV
 from eaglet.models.slot_moves import HAS_TRITON
 
 # "auto": the Triton kernel on CUDA for short query blocks, else SDPA; "triton", "grouped"
@@ -58,17 +58,17 @@ def kernel_takes(device: torch.device, head_dim: int, new_slots: int) -> bool:
     return new_slots <= MAX_EXTRA and head_dim in (64, 128)
 
 
-def cached_attention(q: torch.Tensor, cache: KVCache, layer: int, meta: AttnMeta) -> torch.Tensor:
-    """q [B, T, nq, D] over ``layer`` of the cache (this forward's K/V already written) -> [B, T, nq, D]."""
+def cached_attention(q: torch.Tensor, kv: LayerKV, meta: AttnMeta) -> torch.Tensor:
+    """q [B, T, nq, D] over one layer of the cache (this forward's K/V already written) -> [B, T, nq, D]."""
     if kernel_applies(q.device, q.shape[-1], meta):
         from eaglet.models.tree_attention import tree_attention
 
-        return tree_attention(q, cache.k[layer], cache.v[layer], meta.lens, meta.extra)
+        return tree_attention(q, kv.k, kv.v, meta.lens, meta.extra)
     if meta.from_empty():  # a prefill into empty rows: causal over its own tokens, SDPA's fused kernels apply
-        keys, vals = cache.view(layer, q.shape[1])
+        keys, vals = kv.view(q.shape[1])
         return attention(q.transpose(1, 2), keys, vals, None, causal=True, shapes_vary=True).transpose(1, 2)
     mask = meta.dense_mask()
-    keys, vals = cache.view(layer, mask.shape[-1])  # [B, nkv, S, D]
+    keys, vals = kv.view(mask.shape[-1])  # [B, nkv, S, D]
     return attention(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.kv_cache import AttnMeta, KVCache, LayerKV
 from eaglet.models.attention import attention, cached_attention, kernel_applies
 from eaglet.models.config import ModelConfig
 from eaglet.models.layers import (
@@ -39,7 +39,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttnMeta | None, cache: KVCache | None) -> torch.Tensor:
+                meta: AttnMeta | None, kv: LayerKV | None) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], dim=-1)
         q = q.view(b, t, self.n_q, self.d)  # [B, T, nq, D]
@@ -48,14 +48,14 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is None:
+        if kv is None:
             # Whole sequences (training, feature capture): plain causal attention.
             mask = meta.mask if meta is not None else None
             out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
                             causal=meta is None).transpose(1, 2)  # [B, T, nq, D]
         else:
-            cache.write(self.layer, k, v, meta.slots)
-            out = cached_attention(q, cache, self.layer, meta)  # [B, T, nq, D]
+            kv.write(k, v, meta.slots)
+            out = cached_attention(q, kv, meta)  # [B, T, nq, D]
         return self.o(out.reshape(b, t, self.n_q * self.d))
 
 
@@ -67,12 +67,15 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    # Meant to be traced once and reused by every layer (a 30-layer step compiled in ~10 s instead of ~36 s on the
-    # 2-core CPU when this came, faf1cd2). Torch 2.13 no longer reuses it here: the ``meta`` and ``cache`` objects
-    # are not inputs its reuse accepts ("unsupported input VT types"), so each layer is traced and compiled
-    # (scripts/layer_compile.py; session 43). A no-op without compile.
+    def forward(self, h, delta, cos, sin, meta: AttnMeta | None, cache: KVCache | None):
+        return self.block(h, delta, cos, sin, meta, cache.layer(self.attn.layer) if cache is not None else None)
+
+    # Traced once and reused by every layer: its inputs are tensors, modules and pytrees of them (the cache's
+    # layer as ``LayerKV``, not the cache and a layer number, which differs between layers); with the cache itself
+    # torch 2.13 traced and compiled each layer (~1.2 s a layer of a prefill's compile on the 2-core CPU;
+    # scripts/layer_compile.py, session 43). A no-op without compile.
     @torch.compiler.nested_compile_region
-    def forward(self, h, delta, cos, sin, meta, cache):
+    def block(self, h, delta, cos, sin, meta, kv):
         """(residual stream before the previous layer's MLP [B, T, H], that MLP's output [B, T, H]) -> the
         same pair for this layer. The MLP's output is added here, where the add fuses with this layer's
         first norm: the compiled region is a fusion boundary, so added at the end of the layer it was
@@ -81,7 +84,7 @@ class DecoderLayer(nn.Module):
         # the complete residual stream on every rank: the capture contract relies on it.
         # If a fused or deferred all-reduce is ever introduced, capture must move after it.
         h = h + delta
-        h = h + self.attn(self.input_norm(h), cos, sin, meta, cache)
+        h = h + self.attn(self.input_norm(h), cos, sin, meta, kv)
         return h, self.mlp(self.post_norm(h))
 
 
