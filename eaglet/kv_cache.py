@@ -73,10 +73,11 @@ class AttnMeta:
         return ((slot < lens) | (self.extra.gather(2, rel) & new)).unsqueeze(1)
 
 
-# A pytree (tensors as leaves, the rest as constants), so that torch.compile can trace the decoder layer once and
-# reuse it for every layer (``nested_compile_region`` reuses a region whose inputs are tensors, constants, modules
-# or pytrees of them; an unregistered object made it trace and compile each layer: scripts/layer_compile.py).
-# ``n_slots`` is a leaf: a compiled prefill's is its symbolic length, which a pytree's constants cannot hold.
+# A pytree (the tensors and sizes as leaves, the flags as constants), so that torch.compile can trace the decoder
+# layer once and reuse it for every layer (``nested_compile_region`` reuses a region whose inputs are tensors,
+# constants, modules or pytrees of them; an unregistered object made it trace and compile each layer:
+# scripts/layer_compile.py). ``n_slots`` is a leaf: a compiled prefill's is its symbolic length, which a pytree's
+# constants cannot hold.
 pytree.register_pytree_node(
     AttnMeta,
     lambda m: ((m.positions, m.slots, m.mask, m.lens, m.extra, m.n_slots, m._longest), (m.causal, m.empty)),
