@@ -146,13 +146,8 @@ class KVCache:
         return self.lens.shape[0]
 
     def layer(self, layer: int) -> LayerKV:
+        """One layer's keys and values, written and read through ``LayerKV.write`` / ``view``."""
         return LayerKV(self.k[layer], self.v[layer], self._rows)
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        self.layer(layer).write(k, v, slots)
-
-    def view(self, layer: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layer(layer).view(n_slots)
 
     def reset(self) -> None:
         self.lens.zero_()

@@ -84,7 +84,6 @@ class PrefillGraphs:
                  extra: Callable[[int, int], tuple[torch.Tensor, ...]] = lambda rows, length: (), graphs: bool = True,
                  compile: bool = False):
         self.fused = _length_symbolic(torch.compile(forward)) if compile else None
-        self.compiled = compile
         self.new_cache, self.forward, self.device, self.extra, self.graphs = new_cache, forward, device, extra, graphs
         self.lengths = [x for x in LENGTHS if x <= min(max_length, max_tokens)]
         self.max_length, self.max_tokens = max_length, max_tokens
@@ -92,6 +91,10 @@ class PrefillGraphs:
         self.scratch: dict[int, KVCache] = {}  # rows -> the storage as rows x (max_tokens / rows) slots
         self.steps: dict[tuple[int, int], Callable[..., tuple[torch.Tensor, ...]]] = {}
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
+
+    @property
+    def compiled(self) -> bool:
+        return self.fused is not None
 
     def bucket(self, n: int, longest: int) -> tuple[int, int] | None:
         """(rows, length) of the graph that prefills ``n`` prompts of at most ``longest`` tokens, or None (eager)."""
@@ -152,7 +155,7 @@ class PrefillGraphs:
                 self.scratch[rows] = self.storage.reshaped(rows, self.max_tokens // rows)
             cache = self.scratch[rows]
 
-            forward = self.fused if self.fused is not None and rows <= FUSED_ROWS else self.forward
+            forward = self.fused if self.compiled and rows <= FUSED_ROWS else self.forward
 
             def step(ids: torch.Tensor, last: torch.Tensor, *more: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 cache.reset()

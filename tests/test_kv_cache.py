@@ -211,7 +211,7 @@ def test_reshaped_sees_the_same_memory_as_other_rows_and_slots():
     cache = KVCache(2, 1, 64, 3, 4, torch.float32, "cpu")
     four = cache.reshaped(4, 16)
     assert four.batch == 4 and four.capacity == 16 and four.k[1].shape == (4, 3, 16, 4)
-    four.write(1, torch.ones(4, 2, 3, 4), torch.ones(4, 2, 3, 4), torch.tensor([[0, 15]] * 4))
+    four.layer(1).write(torch.ones(4, 2, 3, 4), torch.ones(4, 2, 3, 4), torch.tensor([[0, 15]] * 4))
     assert cache.k[1].sum() == four.k[1].sum() == 4 * 2 * 3 * 4, "written through the view, held by the storage"
     assert cache.lens.tolist() == [0] and four.lens.tolist() == [0] * 4, "lens are the view's own"
     assert cache.reshaped(2, 32).k[0].data_ptr() == cache.k[0].data_ptr()
