@@ -60,6 +60,17 @@ def test_greedy_identical_with_static_shapes(agreeing, plain_out, tree):
     assert [o.tokens for o in out] == [p.tokens for p in plain]
 
 
+def test_compiled_iteration_identical_to_plain(agreeing, plain_out):
+    """torch.compile over the whole iteration, run without graphs on the CPU: the target's layers and the draft's
+    growth steps are each a region traced once and reused (``DecoderLayer.block``, ``Eagle3Draft.block``), and
+    the tokens are plain decoding's."""
+    target, draft = agreeing
+    prompts, plain = plain_out
+    eng = spec(target, draft, "tree", static_shapes=True, compile=True)
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=48))
+    assert [o.tokens for o in out] == [p.tokens for p in plain]
+
+
 @pytest.mark.parametrize("chunk", [1, 8])
 def test_fallback_mid_answer_gives_plain_tokens(agreeing, plain_out, chunk, monkeypatch):
     """A fallback decided inside a call; after it the session decodes as PlainGenerator does (chunks of
