@@ -29,8 +29,8 @@ from torch import nn
 from eaglet.capture import CaptureSpec
 from eaglet.draft import ttt_attention
 from eaglet.errors import EagletError
-from eaglet.kv_cache import AttnMeta, KVCache, LayerKV
-from eaglet.models.attention import attends_densely, cached_attention, sdpa
+from eaglet.kv_cache import AttnMeta, KVCache
+from eaglet.models.attention import cached_attention, sdpa
 from eaglet.models.config import ModelConfig
 from eaglet.models.layers import Linear, RMSNorm, Rotary, apply_rotary, dense, rms_norm
 
@@ -99,29 +99,21 @@ class DraftAttention(nn.Module):
         self.register_buffer("qkv", None, persistent=False)  # [(nq+2nkv)*D, 2H], set by fuse_projections
         self.ttt_fused = False  # training-time test through ttt_attention (TTTLoss sets it; --fused-ttt-attention)
 
-    def _qkv(self, x, cos, sin, fused: bool):
-        """x [B, T, 2H] -> q [B, T, nq, D], k and v [B, T, nkv, D], q and k rotated."""
+    def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
         b, t, _ = x.shape
-        if fused and self.qkv is not None:
+        if cache is not None and self.qkv is not None:
             q, k, v = dense(x, self.qkv).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = apply_rotary(q.view(b, t, self.n_q, self.d), cos, sin)
-        k = apply_rotary(k.view(b, t, self.n_kv, self.d), cos, sin)
-        return q, k, v.view(b, t, self.n_kv, self.d)
-
-    def cached(self, x, cos, sin, meta: AttnMeta, kv: LayerKV):
-        """Serving: this step's keys and values written into the draft's cache layer, attention over it."""
-        b, t, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin, fused=True)
-        kv.write(k, v, meta.slots)
-        out = cached_attention(q, kv, meta)  # [B, T, nq, D]
-        return self.o_proj(out.reshape(b, t, self.n_q * self.d))
-
-    def forward(self, x, cos, sin, meta: AttnMeta, past: list):
-        """Training-time test: keys are every earlier step's K/V plus this step's."""
-        b, t, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin, fused=False)
+        q = apply_rotary(q.view(b, t, self.n_q, self.d), cos, sin)  # [B, T, nq, D]
+        k = apply_rotary(k.view(b, t, self.n_kv, self.d), cos, sin)  # [B, T, nkv, D]
+        v = v.view(b, t, self.n_kv, self.d)
+        if cache is not None:
+            kv = cache.layer(0)
+            kv.write(k, v, meta.slots)
+            out = cached_attention(q, kv, meta)  # [B, T, nq, D]
+            return self.o_proj(out.reshape(b, t, self.n_q * self.d))
+        # Training-time test: keys are every earlier step's K/V plus this step's.
         past.append((k.transpose(1, 2), v.transpose(1, 2)))
         if self.ttt_fused and ttt_attention.applies(q):
             out = ttt_attention.ttt_attention(q.transpose(1, 2), past)  # [B, nq, T, D]
@@ -206,28 +198,12 @@ class Eagle3Draft(nn.Module):
 
     def forward(self, hidden: torch.Tensor, emb: torch.Tensor, meta: AttnMeta,
                 cache: KVCache | None = None, past: list | None = None) -> torch.Tensor:
-        """hidden [B, T, H] (fused feature or previous step's output), emb [B, T, H] -> pre-norm out [B, T, H].
-        With ``cache`` (serving) through the draft's KV cache; without, training-time test over ``past``."""
+        """hidden [B, T, H] (fused feature or previous step's output), emb [B, T, H] -> pre-norm out [B, T, H]."""
+        layer = self.midlayer
         cos, sin = self.rotary(meta.positions)
-        if cache is not None:
-            if attends_densely(hidden.device, self.config.head_dim, meta):
-                meta.dense_mask()  # outside the compiled region, as the target's forward builds it
-            return self.block(hidden, emb, cos, sin, meta, cache.layer(0))
-        layer = self.midlayer
-        h = hidden + layer.self_attn(self._attn_input(hidden, emb), cos, sin, meta, past)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
-
-    # A tree's growth steps call the layer at the same shapes (the frontier's k rows): traced once and reused,
-    # as the target's decoder layer is. A no-op without compile.
-    @torch.compiler.nested_compile_region
-    def block(self, hidden, emb, cos, sin, meta, kv):
-        layer = self.midlayer
-        h = hidden + layer.self_attn.cached(self._attn_input(hidden, emb), cos, sin, meta, kv)
-        return h + layer.mlp(layer.post_attention_layernorm(h), fused=True)
-
-    def _attn_input(self, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        layer = self.midlayer
-        return torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        h = hidden + layer.self_attn(x, cos, sin, meta, cache, past)
+        return h + layer.mlp(layer.post_attention_layernorm(h), fused=cache is not None)
 
     def fuse_projections(self) -> Eagle3Draft:
         """For serving: q/k/v and gate/up as one matrix each, so a draft step runs two GEMMs where it

@@ -48,15 +48,6 @@ def kernel_applies(device: torch.device, head_dim: int, meta: AttnMeta) -> bool:
     return not meta.empty and meta.extra is not None and kernel_takes(device, head_dim, meta.extra.shape[-1])
 
 
-def attends_densely(device: torch.device, head_dim: int, meta: AttnMeta) -> bool:
-    """Whether ``cached_attention`` reads ``meta.dense_mask()`` (SDPA over the cache): neither the Triton kernel nor
-    SDPA's causal path of a prefill into empty rows (``from_empty``, read here first: it may read ``lens``). A
-    forward builds that mask before its layers' compiled region: built inside, its first use is a side effect,
-    and torch.compile neither reuses such a region (the draft's growth steps each bring a new ``AttnMeta``) nor,
-    in the target's layers, kept SDPA's paths (the CPU, long prefills) out of eager mode."""
-    return not kernel_applies(device, head_dim, meta) and not meta.from_empty()
-
-
 def kernel_takes(device: torch.device, head_dim: int, new_slots: int) -> bool:
     """Whether the Triton kernel serves queries on ``device`` that see ``new_slots`` slots written after the
     committed ones."""

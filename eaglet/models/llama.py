@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from eaglet.kv_cache import AttnMeta, KVCache, LayerKV
-from eaglet.models.attention import attends_densely, attention, cached_attention
+from eaglet.models.attention import attention, cached_attention, kernel_applies
 from eaglet.models.config import ModelConfig
 from eaglet.models.layers import (
     MLP,
@@ -125,8 +125,10 @@ class Transformer(nn.Module):
         else:
             positions = meta.positions
         cos, sin = self.rotary(positions)
-        if cache is not None and attends_densely(ids.device, self.cfg.head_dim, meta):
-            meta.dense_mask()  # once for every layer, outside their compiled region
+        if cache is not None and self.attends_densely(ids, meta):
+            # Built once, here: built by the first layer inside the layers' compiled region (DecoderLayer) it
+            # is a side effect torch.compile refuses, which kept SDPA's paths (the CPU, long prefills) eager.
+            meta.dense_mask()
         h = self.embed(ids)  # [B, T, H]
         delta = torch.zeros_like(h)  # the MLP output each layer adds first (DecoderLayer.forward)
         points: dict[int, torch.Tensor] = {}
@@ -139,6 +141,11 @@ class Transformer(nn.Module):
             points[self.cfg.num_layers] = h
         aux = torch.cat([points[p] for p in capture], dim=-1) if capture else None
         return self.norm(h), aux
+
+    def attends_densely(self, ids: torch.Tensor, meta: AttnMeta) -> bool:
+        """Whether attention over the cache reads ``meta.dense_mask()`` (SDPA), not the Triton kernel nor SDPA's
+        causal path of a prefill into empty rows (``from_empty``, read here first for the reason above)."""
+        return not kernel_applies(ids.device, self.cfg.head_dim, meta) and not meta.from_empty()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)  # [..., V]

@@ -61,9 +61,8 @@ def test_greedy_identical_with_static_shapes(agreeing, plain_out, tree):
 
 
 def test_compiled_iteration_identical_to_plain(agreeing, plain_out):
-    """torch.compile over the whole iteration, run without graphs on the CPU: the target's layers and the draft's
-    growth steps are each a region traced once and reused (``DecoderLayer.block``, ``Eagle3Draft.block``), and
-    the tokens are plain decoding's."""
+    """torch.compile over the whole iteration (tree growth, verify, acceptance, commit, the draft's extension), run
+    without graphs on the CPU: the tokens are plain decoding's."""
     target, draft = agreeing
     prompts, plain = plain_out
     eng = spec(target, draft, "tree", static_shapes=True, compile=True)
