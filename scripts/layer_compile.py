@@ -63,7 +63,7 @@ def main() -> None:
             continue
         why = next((line.split("not eligible -- ")[1] for line in text.splitlines() if "not eligible" in line), "-")
         # torch 2.11 (the device's, session 44) logs no subgraph reuse at all: its count is then unknown, not 0.
-        reused = text.count("cache hit") if "hierarchical_compile" in text else "?"
+        reused = text.count("cache hit") if "subgraph_reuse" in text else "?"
         print(f"{n:>6}{result[1]:>10}{result[2]:>11}{reused:>8}  {why}")
 
 
