@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--trees", nargs="+", default=["4,1,5", "6,8,48"],
                     help="num_steps,topk,num_draft_tokens each, or 'default' (the batch size's automatic tree)")
     ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--draft-intermediate-size", type=int, default=None,
+                    help="the draft's MLP width (default: the target layer's, as EAGLE-3's draft)")
     ap.add_argument("--context", type=int, default=300, help="committed tokens before timing")
     ap.add_argument("--phases", action="store_true", help="also time the iteration's prefixes (two more compiles)")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file too")
@@ -127,7 +129,7 @@ def main() -> None:
         eaglet.generate.compiled = eaglet.speculative.engine.compiled = automatic
     target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
-    draft = random_draft(target, a.draft_vocab)
+    draft = random_draft(target, a.draft_vocab, a.draft_intermediate_size)
     if a.int8_draft_head:
         draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
     greedy = SamplingParams()
@@ -162,6 +164,7 @@ def main() -> None:
             call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(),
                    "draft_head": "int8" if a.int8_draft_head else "bf16",
+                   "draft_mlp": a.draft_intermediate_size or cfg.intermediate_size,
                    "argmax_chunk": a.argmax_chunk or "default", "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
