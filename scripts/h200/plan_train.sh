@@ -28,9 +28,10 @@ python3 scripts/h200/pick.py $S/accept_A.json $S/accept_shipped.json
 # A draft of another MLP width than the shipped one (--draft-intermediate-size) costs another iteration: SmolLM2's
 # 6,8,48 at batch 1 with each width (random weights, one process each, ~1 minute apiece), last, so that losing it
 # loses nothing else.
-width=$(python3 -c "import json; print(json.load(open('$R/A/draft/config.json'))['intermediate_size'])" 2>/dev/null)
-if [ -n "$width" ] && [ "$width" != 1536 ]; then
-  for w in 1536 "$width"; do
+mlp() { python3 -c "import json; print(json.load(open('$1/config.json'))['intermediate_size'])" 2>/dev/null; }
+width=$(mlp $R/A/draft); shipped=$(mlp eaglet/drafts/smollm2-135m)
+if [ -n "$width" ] && [ "$width" != "$shipped" ]; then
+  for w in "$shipped" "$width"; do
     stamp "6,8,48 iteration, draft MLP $w wide"
     timeout 150 python3 scripts/spec_step_costs.py --batch 1 --trees 6,8,48 --draft-vocab 24576 \
       --draft-intermediate-size "$w" --out $S/steps_width.jsonl 2>&1 | tail -2
