@@ -164,7 +164,7 @@ def main() -> None:
             call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(),
                    "draft_head": "int8" if a.int8_draft_head else "bf16",
-                   "draft_vocab": a.draft_vocab, "draft_mlp": a.draft_intermediate_size or cfg.intermediate_size,
+                   "draft_vocab": a.draft_vocab, "draft_mlp": draft.config.intermediate_size,
                    "argmax_chunk": a.argmax_chunk or "default", "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
