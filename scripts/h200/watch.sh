@@ -5,6 +5,7 @@
 # (ALL=1: also the small files of /tmp/runs/A). At most 8 files come back: draft (5) + log + res + runA.
 end=$((SECONDS + $1))
 last=0
+copied=""
 while [ $SECONDS -lt $end ] && [ ! -f /tmp/eg/DONE ]; do
   sleep 5
   if [ $((SECONDS - last)) -ge 60 ]; then
@@ -13,6 +14,11 @@ while [ $SECONDS -lt $end ] && [ ! -f /tmp/eg/DONE ]; do
     # What a call cut by the session's budget still returns ($OUT comes back from a timed-out call; session 41 lost
     # a finished server's c16 / c64 when the budget ended the last watch before its copy below).
     cp /tmp/eg/log "$OUT/log.txt" 2>/dev/null; tar -czf "$OUT/res.tgz" -C /tmp/eg res 2>/dev/null
+    # The draft too, each time a checkpoint has replaced it: a call the budget cuts still returns the latest one.
+    if [ -f /tmp/runs/A/draft/config.json ] && [ "$(stat -c %i /tmp/runs/A/draft)" != "$copied" ]; then
+      copied=$(stat -c %i /tmp/runs/A/draft)
+      rm -rf "$OUT/draft" && mkdir -p "$OUT/draft" && cp /tmp/runs/A/draft/* "$OUT/draft/" 2>/dev/null
+    fi
   fi
 done
 echo "=== $(date +%T) done=$([ -f /tmp/eg/DONE ] && echo yes || echo no)"
