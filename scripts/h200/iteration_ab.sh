@@ -17,4 +17,7 @@ source scripts/h200/ab_tree.sh
 [ -d /tmp/ab_old ] && run "earlier files" /tmp/ab_old
 run "this tree" .
 [ -d /tmp/ab_old ] && run "earlier files, again" /tmp/ab_old
+# WIDTH=3072: also this tree's iteration with a draft MLP that wide (what a draft trained with
+# --draft-intermediate-size would cost; the shipped draft's is 1,536).
+[ -n "$WIDTH" ] && run "this tree, draft MLP $WIDTH" . --draft-intermediate-size "$WIDTH"
 cut -c1-300 "$OUT/iteration_ab.jsonl"
