@@ -22,7 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from eaglet.errors import EagletError
-from eaglet.models.slot_moves import move_slots
+from eaglet.models.slot_moves import land_rows, move_slots
 
 
 @dataclass
@@ -127,19 +127,22 @@ class KVCache:
                  dtype: torch.dtype, device: torch.device | str):
         self.capacity = capacity
         shape = (batch, n_kv, capacity, head_dim)
-        # Every layer's K, then V, as one tensor [L, B, n_kv, capacity, D] each: a prefill landing in a batch's
-        # rows (``copy_rows_from``) is one copy a stack, where a copy a layer's K and V was 60 host-side indexing
-        # operations and kernel launches for SmolLM2 (~1 ms of an H100 admission's host time, session 38).
-        self.hold([torch.zeros((num_layers, *shape), dtype=dtype, device=device) for _ in range(2)])
+        # Every layer's K and V an allocation of its own, not views of one stacked buffer: torch 2.11's dynamo
+        # reuses the layers' compiled region only where their inputs agree in every property, the storage offset
+        # included, so views of one buffer made it compile each of the 30 layers (twice the compile time of a
+        # prefill or decode step on the CPU, scripts/layer_compile.py, session 46; torch 2.13 reused either).
+        # A landing is still one launch on CUDA (``land_rows``).
+        self.hold([[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)] for _ in range(2)])
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
 
-    def hold(self, stacks: list[torch.Tensor]) -> None:
-        """Take ``stacks`` (K's, then V's if the cache has V) as this cache's storage; ``k``/``v`` are their
-        layers' views, what the models index by layer."""
-        self.stacks = stacks
-        layers = [list(t.unbind(0)) for t in stacks]
+    def hold(self, layers: list[list[torch.Tensor]]) -> None:
+        """Take ``layers`` (each layer's K, then each layer's V if the cache has V) as this cache's storage: ``k``
+        and ``v``, what the models index by layer."""
         self.k, self.v = layers[0], (layers[1] if len(layers) > 1 else [])
+
+    def held(self) -> list[list[torch.Tensor]]:
+        return [self.k, self.v] if self.v else [self.k]
 
     @property
     def batch(self) -> int:
@@ -163,7 +166,7 @@ class KVCache:
         row, so the buffers a captured graph reads stay the same tensors.
         """
         view = copy.copy(self)
-        view.hold([t[:, start:stop] for t in self.stacks])  # layers of [stop-start, n_kv, capacity, D] views
+        view.hold([[t[start:stop] for t in ts] for ts in self.held()])  # [stop-start, n_kv, capacity, D] views
         view.lens = self.lens[start:stop]  # in-place updates reach the whole batch's lens
         view._rows = self._rows[: stop - start]
         return view
@@ -175,12 +178,11 @@ class KVCache:
         if rows * capacity > self.batch * self.capacity:
             raise ValueError(f"{rows} x {capacity} slots do not fit in {self.batch} x {self.capacity}")
 
-        def seen(t: torch.Tensor) -> torch.Tensor:  # [L, B, h, S, D] -> [L, rows, h, capacity, D], the same memory
-            per_layer = rows * t.shape[2] * capacity * t.shape[4]
-            return t.flatten(1)[:, :per_layer].unflatten(1, (rows, t.shape[2], capacity, t.shape[4]))
+        def seen(t: torch.Tensor) -> torch.Tensor:  # [B, h, S, D] -> [rows, h, capacity, D], the same memory
+            return t.flatten()[: rows * t.shape[1] * capacity * t.shape[3]].view(rows, t.shape[1], capacity, t.shape[3])
 
         view = copy.copy(self)
-        view.hold([seen(t) for t in self.stacks])
+        view.hold([[seen(t) for t in ts] for ts in self.held()])
         view.capacity = capacity
         view.lens = torch.zeros(rows, dtype=torch.long, device=self.lens.device)
         view._rows = torch.arange(rows, device=self.lens.device).unsqueeze(1)
@@ -192,12 +194,11 @@ class KVCache:
         In place, so the tensors a captured graph reads stay the same. The slots copied run to the
         longest row's ``lens`` (``slots`` when the caller knows it: no read of ``lens`` from the device); a
         shorter row's extra slots lie past its ``lens``, where nothing reads. Whole slots move, whatever a
-        slot holds (a subclass without V has one stack).
+        slot holds (a subclass without V has K only).
         """
         s = int(src.lens.max()) if slots is None else slots
         dst = row_index(rows, self.lens.device)
-        for mine, theirs in zip(self.stacks, src.stacks):
-            mine[:, dst, :, :s] = theirs[:, :, :, :s]
+        land_rows(self.k + self.v, src.k + src.v, dst, s)
         self.lens[dst] = src.lens
 
     def check_room(self, extra: int) -> None:

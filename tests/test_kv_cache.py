@@ -219,27 +219,44 @@ def test_reshaped_sees_the_same_memory_as_other_rows_and_slots():
         cache.reshaped(4, 17)
 
 
+def test_every_layer_owns_its_storage_so_the_layers_region_compiles_once():
+    """Each layer's K and V begin their own storage: torch 2.11 reuses the decoder layer's compiled region only for
+    inputs of equal storage offsets, which views of one stacked buffer do not have (scripts/layer_compile.py)."""
+    from eaglet.kv_cache import KVCache
+    from eaglet.models.mla import LatentCache
+
+    for cache in (KVCache(3, 2, 16, 2, 4, torch.float32, "cpu"), LatentCache(3, 2, 16, 4, 2, torch.float32, "cpu")):
+        tensors = cache.k + cache.v
+        assert len(tensors) == (6 if cache.v else 3)
+        assert all(t.storage_offset() == 0 for t in tensors)
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA: land_rows's one Triton launch
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [[1, 2], [3, 0]])
-def test_copy_rows_from_lands_every_layer_in_neighbouring_or_scattered_rows(rows):
-    """A prefill's rows (here from a reshaped scratch, as PrefillGraphs leaves them) land in the batch's ``rows``
-    through the stacked buffers: every layer's K and V up to the longest row, and ``lens``; other rows untouched.
-    Neighbouring rows go by a slice, scattered ones by an index tensor (``row_index``)."""
+def test_copy_rows_from_lands_every_layer_in_neighbouring_or_scattered_rows(rows, device):
+    """A prefill's rows (here from a reshaped scratch, as PrefillGraphs leaves them) land in the batch's ``rows``:
+    every layer's K and V up to the longest row, and ``lens``; other rows untouched. Neighbouring rows go by a
+    slice, scattered ones by an index tensor (``row_index``)."""
     from eaglet.kv_cache import KVCache, row_index
 
-    cache = KVCache(3, 4, 16, 2, 4, torch.float32, "cpu")
-    storage = KVCache(3, 1, 64, 2, 4, torch.float32, "cpu")
+    cache = KVCache(3, 4, 16, 2, 4, torch.float32, device)
+    storage = KVCache(3, 1, 64, 2, 4, torch.float32, device)
     src = storage.reshaped(2, 32)
-    for t in src.stacks:
-        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(t.data_ptr() % 1000)))
-    assert src.stacks[0][1].data_ptr() == src.k[1].data_ptr() == storage.k[1].data_ptr()
+    for i, t in enumerate(src.k + src.v):
+        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(i)))
+    assert src.k[1].data_ptr() == storage.k[1].data_ptr()
     src.lens.copy_(torch.tensor([5, 3]))
     cache.copy_rows_from(src, rows)
-    assert isinstance(row_index(rows, "cpu"), slice) == (rows == [1, 2])
+    assert isinstance(row_index(rows, device), slice) == (rows == [1, 2])
     others = [r for r in range(4) if r not in rows]
     for layer in range(3):
         for mine, theirs in ((cache.k[layer], src.k[layer]), (cache.v[layer], src.v[layer])):
             for i, r in enumerate(rows):
-                assert torch.equal(mine[r, :, :5], theirs[i, :, :5])
+                assert torch.equal(mine[r, :, :5], theirs[i, :, :5]) and not mine[r, :, 5:].any()
             assert not mine[others].any()
     assert cache.lens[rows].tolist() == [5, 3] and not cache.lens[others].any()
 

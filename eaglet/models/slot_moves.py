@@ -1,4 +1,5 @@
-"""Moving slots in every layer's cache at once: the accepted path's commit after a verify.
+"""Moving slots in every layer's cache at once: the accepted path's commit after a verify, and a prefill's rows
+landing in a batch (``land_rows``).
 
 ``KVCache.commit`` moves each row's accepted tree nodes to contiguous slots in each of the
 target's caches (2 x 30 for SmolLM2). Done cache by cache that is one gather-and-scatter kernel
@@ -43,6 +44,23 @@ if HAS_TRITON:
         tl.store(base + dst[:, None] * ss + d[None, :], moved, mask=ok)
 
 
+    @triton.jit
+    def _land_rows(DstTable, SrcTable, Rows, row0, db, dh, ds, sb, sh, ss, S, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                   BLOCK_D: tl.constexpr, WORD: tl.constexpr, HAS_ROWS: tl.constexpr):
+        c, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        if HAS_ROWS:
+            r = tl.load(Rows + i)
+        else:
+            r = (row0 + i).to(tl.int64)
+        dst = tl.load(DstTable + c).to(tl.pointer_type(WORD)) + r * db + h * dh
+        src = tl.load(SrcTable + c).to(tl.pointer_type(WORD)) + i * sb + h * sh
+        d = tl.arange(0, BLOCK_D)
+        for s0 in tl.range(0, S, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            ok = (s < S)[:, None] & (d < D)[None, :]
+            tl.store(dst + s[:, None] * ds + d[None, :], tl.load(src + s[:, None] * ss + d[None, :], mask=ok), mask=ok)
+
+
 def _table(caches: list[torch.Tensor]) -> torch.Tensor:
     key = tuple(t.data_ptr() for t in caches)
     table = _TABLES.get(key)
@@ -54,6 +72,10 @@ def _table(caches: list[torch.Tensor]) -> torch.Tensor:
     return table
 
 
+def _word(t: torch.Tensor):
+    return {1: tl.int8, 2: tl.int16, 4: tl.int32}[t.element_size()]  # the bits move unchanged
+
+
 def _launch(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
     first = caches[0]  # [B, h, S, D], the last dimension contiguous
     b, h, _, d = first.shape
@@ -61,8 +83,7 @@ def _launch(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) ->
     src, dst = src.contiguous(), dst.contiguous()
     _move_slots[(len(caches), b, h)](
         _table(caches), src, dst, first.stride(0), first.stride(1), first.stride(2), src.stride(0), a,
-        D=d, BLOCK_A=triton.next_power_of_2(a), BLOCK_D=triton.next_power_of_2(d),
-        WORD={1: tl.int8, 2: tl.int16, 4: tl.int32}[first.element_size()])  # the bits move unchanged
+        D=d, BLOCK_A=triton.next_power_of_2(a), BLOCK_D=triton.next_power_of_2(d), WORD=_word(first))
 
 
 @torch.library.custom_op("eaglet::move_slots", mutates_args=("caches",))
@@ -82,3 +103,22 @@ def move_slots(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor)
 @move_slots.register_fake
 def _(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
     return None
+
+
+def land_rows(dst: list[torch.Tensor], src: list[torch.Tensor], rows: slice | torch.Tensor, slots: int) -> None:
+    """Slots ``0..slots-1`` of rows ``0..n-1`` of each ``src[c]`` [n, h, S', D] into rows ``rows`` (a slice of
+    neighbouring rows or an index tensor [n]) of ``dst[c]`` [B, h, S, D]: a prefill made elsewhere landing in a
+    batch. On CUDA one launch for every layer's K and V (a copy a cache was 60 launches and ~0.9 ms of host time for
+    SmolLM2, session 38), though each cache is an allocation of its own (``KVCache``: why)."""
+    first, n = src[0], src[0].shape[0]
+    if (first.is_cuda and HAS_TRITON and slots > 0 and first.stride(-1) == 1 and dst[0].stride(-1) == 1
+            and first.dtype == dst[0].dtype and first.element_size() in (1, 2, 4)):
+        has_rows = isinstance(rows, torch.Tensor)
+        _land_rows[(len(dst), n, first.shape[1])](
+            _table(dst), _table(src), rows if has_rows else _table(dst), 0 if has_rows else rows.start,
+            dst[0].stride(0), dst[0].stride(1), dst[0].stride(2), first.stride(0), first.stride(1), first.stride(2),
+            slots, D=first.shape[3], BLOCK_S=max(1, 4096 // triton.next_power_of_2(first.shape[3])),
+            BLOCK_D=triton.next_power_of_2(first.shape[3]), WORD=_word(first), HAS_ROWS=has_rows)
+        return
+    for mine, theirs in zip(dst, src):
+        mine[rows, :, :slots] = theirs[:n, :, :slots]
