@@ -105,20 +105,26 @@ def _(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
     return None
 
 
+def _land(dst: list[torch.Tensor], src: list[torch.Tensor], rows: slice | torch.Tensor, slots: int) -> None:
+    first = src[0]  # [n, h, S', D], the last dimension contiguous
+    n, h, _, d = first.shape
+    has_rows = isinstance(rows, torch.Tensor)
+    _land_rows[(len(dst), n, h)](
+        _table(dst), _table(src), rows if has_rows else _table(dst), 0 if has_rows else rows.start,
+        dst[0].stride(0), dst[0].stride(1), dst[0].stride(2), first.stride(0), first.stride(1), first.stride(2),
+        slots, D=d, BLOCK_S=max(1, 4096 // triton.next_power_of_2(d)), BLOCK_D=triton.next_power_of_2(d),
+        WORD=_word(first), HAS_ROWS=has_rows)
+
+
 def land_rows(dst: list[torch.Tensor], src: list[torch.Tensor], rows: slice | torch.Tensor, slots: int) -> None:
     """Slots ``0..slots-1`` of rows ``0..n-1`` of each ``src[c]`` [n, h, S', D] into rows ``rows`` (a slice of
     neighbouring rows or an index tensor [n]) of ``dst[c]`` [B, h, S, D]: a prefill made elsewhere landing in a
     batch. On CUDA one launch for every layer's K and V (a copy a cache was 60 launches and ~0.9 ms of host time for
     SmolLM2, session 38), though each cache is an allocation of its own (``KVCache``: why)."""
-    first, n = src[0], src[0].shape[0]
+    first = src[0]
     if (first.is_cuda and HAS_TRITON and slots > 0 and first.stride(-1) == 1 and dst[0].stride(-1) == 1
             and first.dtype == dst[0].dtype and first.element_size() in (1, 2, 4)):
-        has_rows = isinstance(rows, torch.Tensor)
-        _land_rows[(len(dst), n, first.shape[1])](
-            _table(dst), _table(src), rows if has_rows else _table(dst), 0 if has_rows else rows.start,
-            dst[0].stride(0), dst[0].stride(1), dst[0].stride(2), first.stride(0), first.stride(1), first.stride(2),
-            slots, D=first.shape[3], BLOCK_S=max(1, 4096 // triton.next_power_of_2(first.shape[3])),
-            BLOCK_D=triton.next_power_of_2(first.shape[3]), WORD=_word(first), HAS_ROWS=has_rows)
+        _land(dst, src, rows, slots)
         return
     for mine, theirs in zip(dst, src):
-        mine[rows, :, :slots] = theirs[:n, :, :slots]
+        mine[rows, :, :slots] = theirs[:, :, :slots]

@@ -1,4 +1,5 @@
-"""``eaglet::move_slots``: the commit's slot moves in every cache at once, in place, under torch.compile too."""
+"""``eaglet::move_slots``: the commit's slot moves in every cache at once, in place, under torch.compile too; and
+``land_rows``: a prefill's rows landing in a batch's caches in one launch."""
 
 from __future__ import annotations
 
@@ -60,6 +61,25 @@ def test_the_kernel_moves_what_the_loop_moves(dtype, shape, width, lens):
     want = moved(caches, src, dst)
     slot_moves._launch(caches, src, dst)
     assert all(torch.equal(c, w) for c, w in zip(caches, want))
+
+
+@pytest.mark.skipif(KERNEL is None, reason="needs CUDA and Triton, or Triton's interpreter")
+@pytest.mark.parametrize("dtype, dst_shape, src_rows, src_slots, rows, slots", [
+    (torch.float32, (4, 2, 16, 4), 2, 32, slice(1, 3), 5),  # neighbouring rows, from a reshaped scratch's longer rows
+    (torch.bfloat16, (5, 3, 160, 64), 3, 128, [4, 0, 2], 100),  # SmolLM2's heads; the slots span two blocks
+    (torch.float16, (3, 1, 40, 72), 2, 40, [2, 0], 37),  # a latent cache: one head, a width not a power of two
+])
+def test_the_landing_kernel_lands_what_the_loop_lands(dtype, dst_shape, src_rows, src_slots, rows, slots):
+    """``land_rows``'s Triton kernel against its loop (the CPU branch): slots past ``slots``, other rows untouched."""
+    g = torch.Generator().manual_seed(3)
+    b, h, _, d = dst_shape
+    dst = [torch.randn(dst_shape, generator=g).to(dtype).to(KERNEL) for _ in range(6)]
+    src = [torch.randn(src_rows, h, src_slots, d, generator=g).to(dtype).to(KERNEL) for _ in range(6)]
+    index = rows if isinstance(rows, slice) else torch.tensor(rows, device=KERNEL)
+    want = [t.cpu().clone() for t in dst]
+    slot_moves.land_rows(want, [t.cpu() for t in src], index if isinstance(rows, slice) else index.cpu(), slots)
+    slot_moves._land(dst, src, index, slots)
+    assert all(torch.equal(t.cpu(), w) for t, w in zip(dst, want))
 
 
 def test_compiled_moves_write_the_caches_in_place():
