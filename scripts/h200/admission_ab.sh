@@ -4,8 +4,8 @@
 # shape, prompts of 160 tokens, the prefill fused and captured as bench and serve run it (scripts/prompt_timeline.py
 # --random smollm2-135m --compile-prefill --profile 8): this tree, and a copy of it with the files that .dev/ab holds
 # in place (at their paths in the repository, as iteration_ab.sh takes them). The tables and each compile's time
-# in admission_ab.txt (the steps' columns too: since 7e9db65 every layer's K is a view of one tensor, and
-# torch.compile sees the compiled steps' cache inputs share a storage).
+# in admission_ab.txt (the steps' columns too: from 7e9db65 to session 46 every layer's K was a view of one tensor,
+# and torch.compile saw the compiled steps' cache inputs share a storage; since, a tensor a layer and land_rows).
 export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 run() {  # $1: what; $2: the tree's directory

@@ -11,7 +11,7 @@ echo "### cuda tests $(date +%T)"
 # order); in this order all 64 passed on the device (session 39, 4:43: give this script a call of its own).
 timeout 420 python3 -m pytest -q -rs -p no:warnings --durations=5 tests/speculative/test_cuda_engine.py \
   tests/speculative/test_fused_top_k.py tests/speculative/test_prefill.py tests/models/test_int8_matmul.py \
-  tests/models/test_rms_norm.py tests/test_session_chunk.py tests/test_kv_cache.py tests/data/test_cuda_regenerate.py \
+  tests/models/test_rms_norm.py tests/models/test_slot_moves.py tests/test_session_chunk.py tests/test_kv_cache.py tests/data/test_cuda_regenerate.py \
   tests/train/test_feature_cache.py > "$OUT/cuda_tests_full.txt" 2>&1
 # the whole log comes back; the last lines (the summary's counts last) go to the plan's log
 tail -25 "$OUT/cuda_tests_full.txt" | tee "$OUT/cuda_tests.txt"
