@@ -132,17 +132,10 @@ class KVCache:
         # included, so views of one buffer made it compile each of the 30 layers (twice the compile time of a
         # prefill or decode step on the CPU, scripts/layer_compile.py, session 46; torch 2.13 reused either).
         # A landing is still one launch on CUDA (``land_rows``).
-        self.hold([[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)] for _ in range(2)])
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]  # each [B, n_kv, S, D]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
-
-    def hold(self, layers: list[list[torch.Tensor]]) -> None:
-        """Take ``layers`` (each layer's K, then each layer's V if the cache has V) as this cache's storage: ``k``
-        and ``v``, what the models index by layer."""
-        self.k, self.v = layers[0], (layers[1] if len(layers) > 1 else [])
-
-    def held(self) -> list[list[torch.Tensor]]:
-        return [self.k, self.v] if self.v else [self.k]
 
     @property
     def batch(self) -> int:
@@ -166,7 +159,8 @@ class KVCache:
         row, so the buffers a captured graph reads stay the same tensors.
         """
         view = copy.copy(self)
-        view.hold([[t[start:stop] for t in ts] for ts in self.held()])  # [stop-start, n_kv, capacity, D] views
+        view.k = [t[start:stop] for t in self.k]  # [stop-start, n_kv, capacity, D] views
+        view.v = [t[start:stop] for t in self.v]
         view.lens = self.lens[start:stop]  # in-place updates reach the whole batch's lens
         view._rows = self._rows[: stop - start]
         return view
@@ -182,7 +176,7 @@ class KVCache:
             return t.flatten()[: rows * t.shape[1] * capacity * t.shape[3]].view(rows, t.shape[1], capacity, t.shape[3])
 
         view = copy.copy(self)
-        view.hold([[seen(t) for t in ts] for ts in self.held()])
+        view.k, view.v = [seen(t) for t in self.k], [seen(t) for t in self.v]
         view.capacity = capacity
         view.lens = torch.zeros(rows, dtype=torch.long, device=self.lens.device)
         view._rows = torch.arange(rows, device=self.lens.device).unsqueeze(1)

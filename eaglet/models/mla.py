@@ -48,7 +48,8 @@ class LatentCache(KVCache):
         self.capacity = capacity
         self.latent_dim = latent_dim
         shape = (batch, 1, capacity, latent_dim + rope_dim)
-        self.hold([[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]])  # no V: k only
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v: list[torch.Tensor] = []  # no V: the latent part of K serves as values
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots
         self._rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
 

@@ -72,6 +72,11 @@ def _table(caches: list[torch.Tensor]) -> torch.Tensor:
     return table
 
 
+def _kernel_takes(t: torch.Tensor) -> bool:
+    """Whether the kernels here can move ``t``'s slots: CUDA with Triton, rows of contiguous words."""
+    return t.is_cuda and HAS_TRITON and t.stride(-1) == 1 and t.element_size() in (1, 2, 4)
+
+
 def _word(t: torch.Tensor):
     return {1: tl.int8, 2: tl.int16, 4: tl.int32}[t.element_size()]  # the bits move unchanged
 
@@ -92,7 +97,7 @@ def move_slots(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor)
     (src, dst [B, A], each row's sources read before any target is written)."""
     if not caches:
         return
-    if caches[0].is_cuda and HAS_TRITON and caches[0].stride(-1) == 1 and caches[0].element_size() in (1, 2, 4):
+    if _kernel_takes(caches[0]):
         _launch(caches, src, dst)
         return
     rows = torch.arange(src.shape[0], device=src.device).unsqueeze(1)  # [B, 1]
@@ -121,9 +126,7 @@ def land_rows(dst: list[torch.Tensor], src: list[torch.Tensor], rows: slice | to
     neighbouring rows or an index tensor [n]) of ``dst[c]`` [B, h, S, D]: a prefill made elsewhere landing in a
     batch. On CUDA one launch for every layer's K and V (a copy a cache was 60 launches and ~0.9 ms of host time for
     SmolLM2, session 38), though each cache is an allocation of its own (``KVCache``: why)."""
-    first = src[0]
-    if (first.is_cuda and HAS_TRITON and slots > 0 and first.stride(-1) == 1 and dst[0].stride(-1) == 1
-            and first.dtype == dst[0].dtype and first.element_size() in (1, 2, 4)):
+    if slots > 0 and _kernel_takes(src[0]) and _kernel_takes(dst[0]) and src[0].dtype == dst[0].dtype:
         _land(dst, src, rows, slots)
         return
     for mine, theirs in zip(dst, src):
