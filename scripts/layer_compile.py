@@ -2,15 +2,17 @@
 
     TORCH_LOGS=+hierarchical_compile PYTHONPATH=. python scripts/layer_compile.py --layers 2 8 [--device cuda]
 
-Compiles the decode step and the one-row prefill of random SmolLM2-shaped targets of each ``--layers`` count, each
-in a fresh process (torch's caches empty), and prints the compile seconds and how many layers dynamo reused (its
-"subgraph_reuse: cache hit" lines, "?" where the torch logs none; "not eligible" says why not). On the 2-core CPU
+Compiles the decode step, the one-row prefill and the 6,8,48 speculative iteration (a random draft; no CUDA graph) of
+random SmolLM2-shaped targets of each ``--layers`` count, each in a fresh process (torch's caches empty), and prints
+the compile seconds and how many layers dynamo reused (its "subgraph_reuse: cache hit" lines, "?" where the torch
+logs none; "not eligible" says why not). On the 2-core CPU
 with torch 2.13 no layer was reused while the layers' region took the ``KVCache`` and ``AttnMeta`` objects
 ("unsupported input VT types"); since it takes the cache's layer as tensors (``LayerKV``) and ``AttnMeta`` is a
 pytree, 29 of 30 are, and at 30 layers the decode step compiled in 20.0 s instead of 51.9, the prefill in 17.5
 instead of 47.7 (session 43). torch 2.11 (the device's) logs no reuse but each region it installs ("regions": 2
 where the layers share theirs): it installed one a layer while the cache's layers were views of one stacked buffer
-(their storage offsets differ); since each layer's K and V is an allocation of its own, two (session 46).
+(their storage offsets differ); since each layer's K and V is an allocation of its own, two (session 46), and the
+iteration's verification one region, not 30 (session 47).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def one(layers: int, device: str) -> None:
     import torch
 
     from eaglet.generate import decode_step, target_prefills
+    from eaglet.options import SamplingParams
+    from eaglet.speculative import SpecEngine
     from scripts import bench_decode
 
     bench_decode.SHAPES["probe"] = dict(bench_decode.SHAPES["smollm2-135m"], num_layers=layers)
@@ -41,7 +45,13 @@ def one(layers: int, device: str) -> None:
         t0 = time.perf_counter()
         prefills.run([[1] * 15])
         prefill_s = time.perf_counter() - t0
-    print(f"RESULT {layers} {decode_s:.1f} {prefill_s:.1f}", flush=True)
+        # The 6,8,48 iteration (the draft's growth, verification over every layer, the commit), eager otherwise.
+        eng = SpecEngine(target, bench_decode.random_draft(target, 4096), max_context=256, num_steps=6, topk=8,
+                         num_draft_tokens=48, use_graphs=False, adaptive=False, compile=True, static_shapes=True)
+        t0 = time.perf_counter()
+        eng.generate([[1] * 15], SamplingParams(max_new_tokens=4))
+        iteration_s = time.perf_counter() - t0
+    print(f"RESULT {layers} {decode_s:.1f} {prefill_s:.1f} {iteration_s:.1f}", flush=True)
 
 
 def main() -> None:
@@ -52,7 +62,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.one is not None:
         return one(a.one, a.device)
-    print(f"{'layers':>6}{'decode s':>10}{'prefill s':>11}{'reused':>8}{'regions':>9}  first 'not eligible' reason")
+    print(f"{'layers':>6}{'decode s':>10}{'prefill s':>11}{'iteration s':>13}{'reused':>8}{'regions':>9}"
+          "  first 'not eligible' reason")
     for n in a.layers:
         env = dict(os.environ, TORCH_LOGS="+hierarchical_compile", TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(),
                    TRITON_CACHE_DIR=tempfile.mkdtemp())
@@ -66,9 +77,10 @@ def main() -> None:
         why = next((line.split("not eligible -- ")[1] for line in text.splitlines() if "not eligible" in line), "-")
         # torch 2.11 (the device's, session 44) logs no subgraph reuse at all: its count is then unknown, not 0.
         reused = text.count("cache hit") if "subgraph_reuse" in text else "?"
-        # The regions dynamo installed, the decode step's and the prefill's together: 2 where the layers share one.
+        # The regions dynamo installed, the decode step's, the prefill's and the iteration's together: 3 where the
+        # layers share one.
         regions = text.count("Installing subgraph")
-        print(f"{n:>6}{result[1]:>10}{result[2]:>11}{reused:>8}{regions:>9}  {why}")
+        print(f"{n:>6}{result[1]:>10}{result[2]:>11}{result[3]:>13}{reused:>8}{regions:>9}  {why}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ export PYTHONPATH=$PWD:/tmp/site
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 run() {  # $1: what; $2: the tree's directory
   echo "### layer_compile, $1 $(date +%T)" | tee -a "$OUT/layer_compile_ab.txt"
-  (cd "$2" && PYTHONPATH=$PWD:/tmp/site timeout 150 python3 scripts/layer_compile.py --layers 30 --device cuda 2>&1 \
+  (cd "$2" && PYTHONPATH=$PWD:/tmp/site timeout 300 python3 scripts/layer_compile.py --layers 30 --device cuda 2>&1 \
     | tail -2 | tee -a "$OUT/layer_compile_ab.txt")
 }
 source scripts/h200/ab_tree.sh
