@@ -6,6 +6,9 @@
 # C1_DRAFTS="default none" adds the plain server at concurrency 1 (speculation never slower, issue 13).
 # ONLY=b64 runs the last part alone (no server: wheels.sh install is not needed then); STEPS=0 leaves out the first, B64=0
 # the last.
+# COLD=1: torch's caches start empty whatever this machine compiled before (a fresh machine's first use, issue 11:
+# `COLD=1 ONLY=b64` after another plan reads a cold `bench`'s warm-up in its report's config.warm_up_s).
+[ "$COLD" = 1 ] && export TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)"
 S=/tmp/eg/res; E="python3 -m eaglet.cli"
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
