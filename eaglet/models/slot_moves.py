@@ -114,8 +114,9 @@ def _land(dst: list[torch.Tensor], src: list[torch.Tensor], rows: slice | torch.
     first = src[0]  # [n, h, S', D], the last dimension contiguous
     n, h, _, d = first.shape
     has_rows = isinstance(rows, torch.Tensor)
+    table = _table(dst)
     _land_rows[(len(dst), n, h)](
-        _table(dst), _table(src), rows if has_rows else _table(dst), 0 if has_rows else rows.start,
+        table, _table(src), rows if has_rows else table, 0 if has_rows else rows.start,  # Rows unread for a slice
         dst[0].stride(0), dst[0].stride(1), dst[0].stride(2), first.stride(0), first.stride(1), first.stride(2),
         slots, D=d, BLOCK_S=max(1, 4096 // triton.next_power_of_2(d)), BLOCK_D=triton.next_power_of_2(d),
         WORD=_word(first), HAS_ROWS=has_rows)
