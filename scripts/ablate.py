@@ -18,6 +18,15 @@ a minute per variant). A dry run on the CPU: a small random target directory (Sm
 tokenizer), ``--device cpu --max-samples 24 --max-val-samples 40 --self-prompts 16
 --max-new-tokens 24 --regen-batch-size 16 --train-min 0.3``.
 
+The shipped recipe's options, one change at a time (session 48's plan; ~20 minutes of an H200):
+
+    python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate --recipe chat --regen-min 3.5 \
+        --train-min 3 --variants chat,chat-lr1e-3,chat-vocab-all
+
+``--recipe chat`` regenerates as ``eaglet train --regenerate --recipe chat`` does (greedy answers and answers at 0.7
+and 1.0, 16,000 corpus prompts, 20,000 self-written ones, half of them steered, no second turns, answers up to 256
+tokens), cut by ``--regen-min``.
+
 ``--final MIN`` then trains the records and options of the best variant so far (``macro_tau``: the
 predicted accept length averaged over the validation sources) from scratch for MIN minutes into
 ``OUT/final`` (the shipped draft of 2026-12-01 is ``--final 7.5`` after four variants).
@@ -51,12 +60,13 @@ from eaglet.train.budget import CLOCK_NAME, spent  # noqa: E402
 from eaglet.train.dist import SINGLE_PROCESS, DistInfo  # noqa: E402
 from eaglet.train.evaluate import evaluate_sources  # noqa: E402
 from eaglet.train.pipeline import eos_ids, regenerate_run, run_train, tokenized  # noqa: E402
-from eaglet.train_options import RegenConfig, TrainConfig  # noqa: E402
+from eaglet.train_options import RECIPES, RegenConfig, TrainConfig  # noqa: E402
 
 # name -> (which training records, TrainConfig options). Records: "greedy" (the greedy answers of
 # corpus prompts), "sampled" (+ answers at 0.7 and 1.0), "self" (+ Magpie prompts), "steered" (+ Magpie prompts
 # started with an opener), "turns" (+ second turns).
 PLAIN = {"aux_norm": False}  # the data variants without the recipe's options (aux_norm is on by default)
+CHAT = ("greedy", "sampled", "self", "steered")
 VARIANTS = {
     "base": (("greedy",), PLAIN),
     "sampled": (("greedy", "sampled"), PLAIN),
@@ -80,6 +90,18 @@ VARIANTS = {
     # budget may understate it.
     "all-norm-mlp2x": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "draft_intermediate_size": 3072}),
     "all-norm-mlp4x": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "draft_intermediate_size": 6144}),
+    # The shipped recipe's data (`--recipe chat`: no second turns) and options, then one change each (session 48: a
+    # wider MLP and more data each left validation where the recipe has it, acc_0 ~0.80; these options no run has
+    # measured). The variants see the same minutes, so a larger batch makes fewer steps.
+    "chat": (CHAT, {}),
+    "chat-lr1e-3": (CHAT, {"lr": 1e-3}),
+    "chat-lr2.5e-4": (CHAT, {"lr": 2.5e-4}),
+    "chat-bt32k": (CHAT, {"batch_tokens": 32768}),
+    "chat-decay1": (CHAT, {"decay": 1.0}),  # every TTT step's loss weighed alike (the recipe: 0.8 ** j)
+    # A head over the whole vocabulary: ~2% of the tokens the target writes lie outside the 24,576 (session 39).
+    "chat-vocab-all": (CHAT, {"draft_vocab_size": "all"}),  # "all": the target's vocabulary size
+    # Without the sampled answers of corpus prompts: the self-written prompts' long answers weigh more.
+    "chat-greedy-self": (("greedy", "self", "steered"), {}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 
@@ -99,6 +121,12 @@ def group(c: Conversation) -> str:
             "self-heldout": "held-out Magpie"}.get(c.source or "", "unseen evals")
 
 
+def variant(name: str, vocab_size: int) -> tuple[tuple[str, ...], dict]:
+    """Variant ``name``'s record kinds and TrainConfig options for a target of ``vocab_size`` tokens."""
+    kinds, options = VARIANTS[name]
+    return kinds, {k: vocab_size if v == "all" else v for k, v in options.items()}
+
+
 def write_variant(convs: list[Conversation], kinds: tuple[str, ...], path: Path) -> int:
     """The variant's records as JSONL: its training kinds, and every validation record."""
     keep = [c for c in convs if c.split == "val" or kind(c) in kinds]
@@ -116,7 +144,7 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     of ``convs`` within ``minutes``, then score it per source."""
     run = out / name
     run.mkdir(exist_ok=True)
-    kinds, options = VARIANTS[like or name]
+    kinds, options = variant(like or name, target.config.vocab_size)
     data = str(out / f"data-{like or name}.jsonl")  # the final shares its template's records file
     n_train = write_variant(convs, kinds, Path(data))
     cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
@@ -192,7 +220,7 @@ def table(results: dict[str, dict], steps: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--target", default="smollm2-135m")
@@ -206,8 +234,8 @@ def main() -> None:
     p.add_argument("--max-val-samples", type=int, help="validation prompts (a seeded sample; default: all 1,561)")
     p.add_argument("--self-prompts", type=int, default=3000)
     p.add_argument("--self-prompt-openers", type=float, default=0.5,
-                   help="share of the Magpie prompts started with an opener (kind 'steered'; only "
-                        "all-norm-steered trains on them)")
+                   help="share of the Magpie prompts started with an opener (kind 'steered'; all-norm-steered "
+                        "and the chat variants train on them)")
     p.add_argument("--follow-ups", type=float, default=0.25)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--regen-batch-size", type=int, help="default: refill.auto_rows (from the free GPU memory)")
@@ -216,7 +244,20 @@ def main() -> None:
                    help="then train the records and options of the best variant so far (macro_tau) "
                         "for this many minutes into OUT/final")
     p.add_argument("--serve", type=int, default=0, help="prompts per serving measurement (0: none)")
-    args = p.parse_args()
+    p.add_argument("--recipe", choices=sorted(RECIPES),
+                   help="regenerate as `eaglet train --regenerate --recipe NAME` does (its answer settings, "
+                        "prompts, self-written prompts, openers, second turns and answer length) where those flags "
+                        "are not given")
+    recipe = p.parse_known_args(argv)[0].recipe
+    if recipe:
+        # --epochs stays an upper bound here; --answers is text.
+        p.set_defaults(**{k: v for k, v in RECIPES[recipe].items() if k not in ("epochs", "answers")},
+                       answers=",".join(f"{a:g}" for a in RECIPES[recipe]["answers"]))
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:

@@ -51,3 +51,25 @@ def test_final_takes_the_variant_best_over_the_sources_each_counted_once():
     windowed = {"val": {"tau_pred": 3.0}, "sources": {g: {"tau_pred": 3.0, "tau_all": 2.8, "tau_serve": 2.0}
                                                       for g in ablate.GROUPS}}
     assert ablate.macro_tau(windowed) == 2.0
+
+
+def test_every_variant_makes_a_valid_train_config_and_all_means_the_target_vocabulary():
+    for name in ablate.VARIANTS:
+        kinds, options = ablate.variant(name, 49152)
+        cfg = ablate.TrainConfig(**options)  # an option name TrainConfig lacks fails here, not on a GPU
+        assert set(kinds) <= {"greedy", "sampled", "self", "steered", "turns"}
+        assert cfg.draft_vocab_size in (None, 12288, 49152)
+    assert ablate.variant("chat-vocab-all", 260)[1] == {"draft_vocab_size": 260}
+    assert ablate.variant("chat", 260) == (ablate.CHAT, {})
+
+
+def test_recipe_sets_the_regeneration_flags_not_given():
+    chat = ablate.RECIPES["chat"]
+    args = ablate.parse_args(["--out", "x", "--recipe", "chat", "--max-samples", "24"])
+    assert args.max_samples == 24  # given: kept
+    assert (args.self_prompts, args.self_prompt_openers, args.follow_ups, args.max_new_tokens) == (
+        chat["self_prompts"], chat["self_prompt_openers"], chat["follow_ups"], chat["max_new_tokens"])
+    assert tuple(float(a) for a in args.answers.split(",")) == chat["answers"]
+    assert args.epochs == 20  # an upper bound for the variants' minutes, not the recipe's epochs
+    plain = ablate.parse_args(["--out", "x"])
+    assert (plain.max_samples, plain.self_prompts, plain.follow_ups) == (8000, 3000, 0.25)

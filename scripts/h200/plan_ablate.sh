@@ -1,0 +1,21 @@
+#!/bin/bash
+# An H200 plan (start.sh 300 plan_ablate.sh, after the staging calls): issue 12's recipe options compared at equal
+# minutes on one regeneration (scripts/ablate.py --recipe chat): the recipe as shipped and one change each, every
+# variant scored on the same validation sources and in serving (eager 6,8,48, the policy off, 20 x 128 a set).
+# VARIANTS, REGEN_MIN, TRAIN_MIN override the defaults (~19 minutes in all on an H200: the regeneration, then ~5 a
+# variant with tokenizing, scoring and serving). Each variant's result.json goes to res as it finishes, so a plan cut
+# short by the session's minutes still returns the variants done.
+S=/tmp/eg/res; R=/tmp/runs/ablate
+t0=$SECONDS
+stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
+nvidia-smi --query-gpu=name,memory.used --format=csv
+: "${VARIANTS:=chat,chat-lr1e-3,chat-vocab-all}" "${REGEN_MIN:=3.5}" "${TRAIN_MIN:=3}"
+for v in ${VARIANTS//,/ }; do
+  # One variant a command: the same regeneration (resumed from its files) and the variants finished before.
+  stamp "variant $v: $TRAIN_MIN minutes"
+  python3 scripts/ablate.py --target /tmp/smol.gguf --out $R --recipe chat --regen-min "$REGEN_MIN" \
+    --train-min "$TRAIN_MIN" --variants "$v" --serve 20 2>&1 | grep -v '^\s*$'
+  [ -f $R/$v/result.json ] && cp $R/$v/result.json "$S/ablate_$v.json"
+  [ -f $R/ablation.md ] && cp $R/ablation.md $S/
+done
+stamp end
