@@ -189,18 +189,19 @@ def best_variant(finished: dict[str, dict]) -> str:
 
 
 def serve(args, draft: Path, out: Path) -> dict:
-    """Accept length in serving on the bench prompts and on other_prompts.jsonl (``eaglet bench``)."""
-    res = {}
-    for name, prompts in (("bench", "builtin"), ("other", str(REPO / "eaglet/data/corpus/other_prompts.jsonl"))):
-        cmd = [sys.executable, "-m", "eaglet.cli", "bench", "--target", args.target, "--draft", str(draft),
-               "--prompts", prompts, "--limit", str(args.serve), "--max-new-tokens", "128", "--methods", "spec",
-               "--num-steps", "6", "--tree-topk", "8", "--num-draft-tokens", "48", "--policy", "off",
-               "--no-compile",  # accept lengths do not depend on fusion; compiling costs minutes per run
-               "--out", str(out / f"bench-{name}")]
-        subprocess.run(cmd, check=True, cwd=REPO)
-        report = json.loads((out / f"bench-{name}" / "report.json").read_text())
-        res[name] = report["methods"]["spec"]["accept_length"]
-    return res
+    """Accept length in serving on the bench prompts and on other_prompts.jsonl (one ``eaglet bench``, each set
+    reported on its own), as ``scripts/h200/plan_train.sh`` measures a draft."""
+    other = REPO / "eaglet/data/corpus/other_prompts.jsonl"
+    cmd = [sys.executable, "-m", "eaglet.cli", "bench", "--target", args.target, "--draft", str(draft),
+           "--prompts", f"builtin,{other}", "--limit", str(args.serve), "--max-new-tokens", "128",
+           "--methods", "spec", "--num-steps", "6", "--tree-topk", "8", "--num-draft-tokens", "48",
+           "--policy", "off", "--device", args.device,
+           # accept lengths do not depend on fusion; compiling costs tens of seconds a run
+           "--no-compile", "--no-compile-prefill", "--out", str(out / "bench")]
+    subprocess.run(cmd, check=True, cwd=REPO)
+    by_set = json.loads((out / "bench" / "report.json").read_text())["by_set"]
+    return {name: by_set[key]["methods"]["spec"]["accept_length"]
+            for name, key in (("bench", "builtin"), ("other", other.stem))}
 
 
 def table(results: dict[str, dict], steps: int) -> str:
