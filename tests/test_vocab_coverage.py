@@ -41,3 +41,23 @@ def test_counts_follow_the_drafts_order_and_cuts(tmp_path):
         # outside the whole: below 132; outside the 64 most frequent: below 259 - 63 = 196
         assert counts[name] == [len(ids), sum(i < 132 for i in ids), sum(i < 196 for i in ids)]
         assert 0 < counts[name][1] < counts[name][2] < len(ids)  # each band holds some tokens
+
+
+def test_breaks_place_each_verify_on_the_answer_and_count_those_ending_outside_the_vocabulary():
+    order = [10, 11, 12]  # the draft's target ids, most frequent first
+    encode = lambda text: [int(x) for x in text.split()]  # noqa: E731
+    spec = lambda text, tokens, lengths, finish="length": {  # noqa: E731
+        "spec": {"text": text, "tokens": tokens, "accept_lengths": lengths, "finish_reason": finish}}
+    report = {"config": {"spec_decisions": ["tree num_steps=2 topk=2 num_draft_tokens=4 (as given)"]},
+              "prompts": [
+                  # the prefill's 10, then verifies of 3 (the tree's whole depth: no break), 2, 1 and 1 tokens;
+                  # 13 lies outside every size but mid-run, so no break happens at it
+                  {"set": "a", "methods": spec("10 11 12 10 13 11 10 12", 8, [3, 2, 1, 1])},
+                  # stopped: the end-of-turn token is not in the text; its verify is counted, not placed
+                  {"set": "a", "methods": spec("10 11", 3, [2], "stop")},
+                  {"set": "b", "methods": spec("10 11 12", 4, [3])},  # the text encodes otherwise: left out
+                  {"set": "b", "methods": {"plain": {"text": "10", "tokens": 1}}}]}  # no verifies: not counted
+    stats, left_out = vocab_coverage.breaks(report, order, encode, 2)
+    assert left_out == 1 and set(stats) == {"a"}
+    assert stats["a"] == {"emitted": 9, "verifies": 5, "breaks": 3, "outside": 1}  # the last 12: rank 2 of 2
+    assert vocab_coverage.breaks(report, order, encode, 3)[0]["a"]["outside"] == 0

@@ -102,6 +102,9 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
                 "finish_reason": x.finish_reason,
                 "accept_length": round(sum(x.accept_lengths) / len(x.accept_lengths), 4) if x.accept_lengths else None,
                 "verifies": len(x.accept_lengths),
+                # Each verify's tokens (accepted drafts + the target's own): where in the answer a run of
+                # accepted tokens ended (scripts/vocab_coverage.py reads them).
+                **({"accept_lengths": list(x.accept_lengths)} if x.accept_lengths else {}),
                 "text": texts[m][i],
             }
         if same is not None:

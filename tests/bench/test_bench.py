@@ -63,6 +63,10 @@ def test_prompt_sets_are_batched_and_reported_each_on_its_own(chat_model_dir, dr
     for name, s in by_set.items():  # a prompt's verifies add up to its set's (pick.py pools them per prompt)
         rows = [p["methods"]["spec"] for p in report["prompts"] if p["set"] == name]
         assert sum(r["verifies"] for r in rows) == s["methods"]["spec"]["verifies"] > 0
+        for r in rows:  # each verify's tokens, which the prompt's accept length averages
+            assert len(r["accept_lengths"]) == r["verifies"] and all(n >= 1 for n in r["accept_lengths"])
+            assert sum(r["accept_lengths"]) / r["verifies"] == pytest.approx(r["accept_length"], abs=1e-4)
+    assert all("accept_lengths" not in p["methods"]["plain"] for p in report["prompts"])
     assert "spec_over_plain" in by_set["prompts"]["speedup"]
     printed = capsys.readouterr().out
     assert "set prompts (3 prompts): spec over plain" in printed and "spec identical 2/2" in printed
