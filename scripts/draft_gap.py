@@ -9,6 +9,10 @@ confidence (it has not learnt that kind of text).
 `scripts/score_draft.py` scores a regenerated file's validation records by source instead, without confidence.
 
     PYTHONPATH=. python scripts/draft_gap.py --prompts eaglet/data/corpus/other_prompts.jsonl --limit 24
+
+The row "outside" holds the anchors whose token lies outside the draft's trained vocabulary: a draft served as
+trained misses every one; ``--extend-draft-vocab`` serves it over the whole vocabulary as a CPU does
+(``Eagle3Draft.extend_vocab``), whose mapped rows can propose them.
 """
 
 from __future__ import annotations
@@ -27,17 +31,19 @@ from eaglet.speculative.load import resolve_draft
 SURE, UNSURE = 0.9, 0.5  # the target's argmax probability above / below which an anchor counts as sure / unsure
 
 
-def score(target, draft, s: Samples) -> dict[str, dict[str, torch.Tensor]]:
-    """Per category: [n] tensors over its answer anchors: top-1 and top-2 hits of draft step 0, and the
-    target's argmax probability at the position predicted."""
+def score(target, draft, s: Samples, trained: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+    """Per category: [n] tensors over its answer anchors: top-1 and top-2 hits of draft step 0, the target's
+    argmax probability at the position predicted, and whether its argmax lies outside ``trained`` ([V] bool over
+    target ids: the tokens the draft was trained on)."""
     out: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for i, inp, rows, cols, hidden in step0_by_conversation(target, draft, s):
         top2 = draft.to_target_ids(draft.logits(hidden).topk(2, dim=-1).indices)  # [n, 2]
-        want = inp.target_top[rows, cols + 1]  # [n]
+        want = inp.target_top[rows, cols + 1]  # [n] target ids
         got = out[s.labels[i]]
         got["top1"].append(top2[:, 0] == want)
         got["top2"].append((top2 == want[:, None]).any(-1))
         got["p"].append(inp.target_logp[rows, cols + 1].max(-1).values.exp())
+        got["outside"].append(~trained[want])
     return {k: {m: torch.cat(v) for m, v in d.items()} for k, d in out.items()}
 
 
@@ -56,15 +62,23 @@ def main() -> None:
     ap.add_argument("--prompts", default="builtin")
     ap.add_argument("--limit", type=int, default=24, help="prompts, round-robin over the set's categories")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--extend-draft-vocab", action="store_true", help="serve the draft over the whole vocabulary")
     ap.add_argument("--json", help="write the table here too")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     target = load_target(a.target)  # float32 on the CPU, as the doctor runs
     draft, _ = load_draft_for(resolve_draft(a.draft, target), target)
+    trained = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+    trained[draft.vocab_ids()] = True
+    if a.extend_draft_vocab:
+        draft.extend_vocab(target.model.lm_head.weight)
     draft.eval()
-    by_cat = score(target, draft, make_samples(target, a.prompts, a.limit, a.max_new_tokens, 4096))
+    by_cat = score(target, draft, make_samples(target, a.prompts, a.limit, a.max_new_tokens, 4096), trained)
     table = {cat: row(x) for cat, x in sorted(by_cat.items())}
-    table["all"] = row({m: torch.cat([x[m] for x in by_cat.values()]) for m in ("top1", "top2", "p")})
+    every = {m: torch.cat([x[m] for x in by_cat.values()]) for m in ("top1", "top2", "p", "outside")}
+    table["all"] = row(every)
+    if every["outside"].any():
+        table["outside"] = row({m: every[m][every["outside"]] for m in ("top1", "top2", "p")})
     cols = list(table["all"])
     print(f"{'category':12}" + "".join(f"{c:>14}" for c in cols))
     for cat, r in table.items():
