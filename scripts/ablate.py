@@ -12,9 +12,9 @@ sampled answers at 0.7 and 1.0, 3,000 Magpie prompts, second turns for a quarter
 512 tokens: about 40k answers), then 7 variants x 1.5 minutes of training (tokenizing not
 counted), each validated on the same records (unseen evals, human-eval, held-back chats,
 held-out Magpie prompts, second turns of those), scored per source. ``--serve N`` also
-measures the accept length in serving (``eaglet bench``, greedy, tree 6,8,48, policy off) on
-N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes from (about
-a minute per variant). A dry run on the CPU: a small random target directory (SmolLM2's
+measures the accept length in serving (``eaglet bench``, greedy, eager, trees 6,8,48 and 5,2,8: issue 12's
+GPU and CPU trees, policy off) on N bench prompts and N of ``other_prompts.jsonl``, kinds no training prompt comes
+from (about a minute per variant). A dry run on the CPU: a small random target directory (SmolLM2's
 tokenizer), ``--device cpu --max-samples 24 --max-val-samples 40 --self-prompts 16
 --max-new-tokens 24 --regen-batch-size 16 --train-min 0.3``.
 
@@ -188,26 +188,35 @@ def best_variant(finished: dict[str, dict]) -> str:
     return max((n for n in finished if n in VARIANTS), key=lambda n: macro_tau(finished[n]))
 
 
+SERVE_TREES = {"": (6, 8, 48), " 5,2,8": (5, 2, 8)}  # issue 12's GPU tree and its CPU one: column suffix -> tree
+SERVED = [name + suffix for suffix in SERVE_TREES for name in ("bench", "other")]
+
+
 def serve(args, draft: Path, out: Path) -> dict:
-    """Accept length in serving on the bench prompts and on other_prompts.jsonl (one ``eaglet bench``, each set
-    reported on its own), as ``scripts/h200/plan_train.sh`` measures a draft."""
+    """Accept length in serving on the bench prompts and on other_prompts.jsonl with each of ``SERVE_TREES``
+    (one ``eaglet bench`` a tree, each set reported on its own), as ``scripts/h200/plan_train.sh`` measures a
+    draft; keys "bench", "other", "bench 5,2,8", "other 5,2,8"."""
     other = REPO / "eaglet/data/corpus/other_prompts.jsonl"
-    cmd = [sys.executable, "-m", "eaglet.cli", "bench", "--target", args.target, "--draft", str(draft),
-           "--prompts", f"builtin,{other}", "--limit", str(args.serve), "--max-new-tokens", "128",
-           "--methods", "spec", "--num-steps", "6", "--tree-topk", "8", "--num-draft-tokens", "48",
-           "--policy", "off", "--device", args.device,
-           # accept lengths do not depend on fusion; compiling costs tens of seconds a run
-           "--no-compile", "--no-compile-prefill", "--out", str(out / "bench")]
-    subprocess.run(cmd, check=True, cwd=REPO)
-    by_set = json.loads((out / "bench" / "report.json").read_text())["by_set"]
-    return {name: by_set[key]["methods"]["spec"]["accept_length"]
-            for name, key in (("bench", "builtin"), ("other", other.stem))}
+    res = {}
+    for suffix, (steps, topk, tokens) in SERVE_TREES.items():
+        bench = out / f"bench{suffix.strip().replace(',', '-')}"
+        cmd = [sys.executable, "-m", "eaglet.cli", "bench", "--target", args.target, "--draft", str(draft),
+               "--prompts", f"builtin,{other}", "--limit", str(args.serve), "--max-new-tokens", "128",
+               "--methods", "spec", "--num-steps", str(steps), "--tree-topk", str(topk),
+               "--num-draft-tokens", str(tokens), "--policy", "off", "--device", args.device,
+               # accept lengths do not depend on fusion; compiling costs tens of seconds a run
+               "--no-compile", "--no-compile-prefill", "--out", str(bench)]
+        subprocess.run(cmd, check=True, cwd=REPO)
+        by_set = json.loads((bench / "report.json").read_text())["by_set"]
+        for name, key in (("bench", "builtin"), ("other", other.stem)):
+            res[name + suffix] = by_set[key]["methods"]["spec"]["accept_length"]
+    return res
 
 
 def table(results: dict[str, dict], steps: int) -> str:
     accs = " | ".join(f"acc_{j}" for j in range(steps))
     head = (f"| variant | train records | steps | epochs | {accs} | tau_pred | tau_all | tau_serve | macro | "
-            + " | ".join(GROUPS) + " | serving bench | serving other |")
+            + " | ".join(GROUPS) + "".join(f" | serving {k}" for k in SERVED) + " |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for name, r in results.items():
         val = r["val"]
@@ -216,8 +225,8 @@ def table(results: dict[str, dict], steps: int) -> str:
                      + " | ".join(f"{val[f'acc_{j}']:.3f}" for j in range(steps)) + f" | {val['tau_pred']:.2f} | "
                      + " | ".join(f"{val[k]:.2f}" if k in val else "" for k in ("tau_all", "tau_serve"))
                      + f" | {macro_tau(r):.2f} | "
-                     + " | ".join(str(x) for x in per) + f" | {r.get('serve', {}).get('bench', '')} | "
-                     f"{r.get('serve', {}).get('other', '')} |")
+                     + " | ".join(str(x) for x in per)
+                     + "".join(f" | {r.get('serve', {}).get(k, '')}" for k in SERVED) + " |")
     return "\n".join(lines)
 
 
