@@ -2,9 +2,9 @@
 # An H200 plan (start.sh 300 plan_ablate.sh, after the staging calls): issue 12's recipe options compared at equal
 # minutes on one regeneration (scripts/ablate.py --recipe chat): the recipe as shipped and one change each, every
 # variant scored on the same validation sources and in serving (eager, 6,8,48 and 5,2,8, the policy off, 20 x 128
-# a set). VARIANTS, REGEN_MIN, TRAIN_MIN override the defaults (~20 minutes in all on an H200: the regeneration, then ~5 a
-# variant with tokenizing, scoring and serving). Each variant's result.json goes to res as it finishes, so a plan cut
-# short by the session's minutes still returns the variants done.
+# a set). VARIANTS, REGEN_MIN, TRAIN_MIN override the defaults (~20 minutes in all on an H200: the regeneration,
+# then ~5 a variant with tokenizing, scoring and serving). Each variant's result.json goes to res as it finishes, so
+# a plan cut short by the session's minutes still returns the variants done.
 S=/tmp/eg/res; R=/tmp/runs/ablate
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
