@@ -53,14 +53,15 @@ def outside(report: dict, order: list[int], encode, cuts: list[int]) -> tuple[li
 
 
 def breaks(report: dict, order: list[int], encode, size: int) -> tuple[dict[str, dict], int]:
-    """Per prompt set: tokens the verifies emitted, verifies, those that broke, and those that broke at a token outside the
-    draft's first ``size`` tokens (``order``: its target ids, most frequent first). Also the prompts left out: their
-    text encodes to another number of tokens than were emitted, so verifies cannot be placed on it."""
+    """Per prompt set: tokens the verifies emitted, verifies, those that broke, and those that broke at a token
+    outside the draft's first ``size`` tokens (``order``: its target ids, most frequent first). Also the prompts left
+    out: their text encodes to another number of tokens than were emitted, so verifies cannot be placed on it."""
     rank = {t: i for i, t in enumerate(order)}
-    tree = next(iter(report["config"].get("spec_decisions") or []), "")
-    depth = int(re.search(r"num_steps=(\d+)", tree).group(1)) if "num_steps=" in tree else None
-    if depth is None:
-        raise SystemExit("--breaks needs a report of the spec method with its tree (config.spec_decisions)")
+    depths = {int(m) for d in report["config"].get("spec_decisions") or [] for m in re.findall(r"num_steps=(\d+)", d)}
+    if len(depths) != 1:  # a batch of another size may have run another tree
+        raise SystemExit("--breaks needs a report of the spec method with one tree (config.spec_decisions), "
+                         f"not {len(depths)}")
+    depth = depths.pop()
     stats: dict[str, dict] = defaultdict(lambda: {"emitted": 0, "verifies": 0, "breaks": 0, "outside": 0})
     left_out = 0
     for p in report["prompts"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from eaglet.capture import CaptureSpec
@@ -61,3 +62,7 @@ def test_breaks_place_each_verify_on_the_answer_and_count_those_ending_outside_t
     assert left_out == 1 and set(stats) == {"a"}
     assert stats["a"] == {"emitted": 9, "verifies": 5, "breaks": 3, "outside": 1}  # the last 12: rank 2 of 2
     assert vocab_coverage.breaks(report, order, encode, 3)[0]["a"]["outside"] == 0
+    two_trees = {**report, "config": {"spec_decisions": ["tree num_steps=3 topk=1 num_draft_tokens=4 (automatic)",
+                                                         "tree num_steps=4 topk=2 num_draft_tokens=10 (automatic)"]}}
+    with pytest.raises(SystemExit, match="one tree"):
+        vocab_coverage.breaks(two_trees, order, encode, 2)
