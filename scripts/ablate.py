@@ -199,7 +199,7 @@ def serve(args, draft: Path, out: Path) -> dict:
     other = REPO / "eaglet/data/corpus/other_prompts.jsonl"
     res = {}
     for suffix, (steps, topk, tokens) in SERVE_TREES.items():
-        bench = out / f"bench{suffix.strip().replace(',', '-')}"
+        bench = out / f"bench-{steps}-{topk}-{tokens}"
         cmd = [sys.executable, "-m", "eaglet.cli", "bench", "--target", args.target, "--draft", str(draft),
                "--prompts", f"builtin,{other}", "--limit", str(args.serve), "--max-new-tokens", "128",
                "--methods", "spec", "--num-steps", str(steps), "--tree-topk", str(topk),

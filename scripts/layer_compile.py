@@ -5,14 +5,13 @@
 Compiles the decode step, the one-row prefill and the 6,8,48 speculative iteration (a random draft; no CUDA graph) of
 random SmolLM2-shaped targets of each ``--layers`` count, each in a fresh process (torch's caches empty), and prints
 the compile seconds and how many layers dynamo reused (its "subgraph_reuse: cache hit" lines, "?" where the torch
-logs none; "not eligible" says why not). On the 2-core CPU
-with torch 2.13 no layer was reused while the layers' region took the ``KVCache`` and ``AttnMeta`` objects
-("unsupported input VT types"); since it takes the cache's layer as tensors (``LayerKV``) and ``AttnMeta`` is a
-pytree, 29 of 30 are, and at 30 layers the decode step compiled in 20.0 s instead of 51.9, the prefill in 17.5
-instead of 47.7 (session 43). torch 2.11 (the device's) logs no reuse but each region it installs ("regions": one a
-graph where the layers share theirs): it installed one a layer while the cache's layers were views of one stacked buffer
-(their storage offsets differ); since each layer's K and V is an allocation of its own, two (session 46), and the
-iteration's verification one region, not 30 (session 47).
+logs none; "not eligible" says why not). On the 2-core CPU with torch 2.13 no layer was reused while the layers'
+region took the ``KVCache`` and ``AttnMeta`` objects ("unsupported input VT types"); since it takes the cache's layer
+as tensors (``LayerKV``) and ``AttnMeta`` is a pytree, 29 of 30 are, and at 30 layers the decode step compiled in
+20.0 s instead of 51.9, the prefill in 17.5 instead of 47.7 (session 43). torch 2.11 (the device's) logs no reuse but
+each region it installs ("regions": one a graph where the layers share theirs): it installed one a layer while the
+cache's layers were views of one stacked buffer (their storage offsets differ); since each layer's K and V is an
+allocation of its own, two (session 46), and the iteration's verification one region, not 30 (session 47).
 """
 
 from __future__ import annotations

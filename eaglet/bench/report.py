@@ -104,7 +104,7 @@ def build_report(config: dict, prompts: list[BenchPrompt], runs: dict[str, list[
                 "verifies": len(x.accept_lengths),
                 # Each verify's tokens (accepted drafts + the target's own): where in the answer a run of
                 # accepted tokens ended (scripts/vocab_coverage.py reads them).
-                **({"accept_lengths": list(x.accept_lengths)} if x.accept_lengths else {}),
+                **({"accept_lengths": x.accept_lengths} if x.accept_lengths else {}),
                 "text": texts[m][i],
             }
         if same is not None:
