@@ -95,6 +95,7 @@ VARIANTS = {
     # measured). The variants see the same minutes, so a larger batch makes fewer steps.
     "chat": (CHAT, {}),
     "chat-lr1e-3": (CHAT, {"lr": 1e-3}),
+    "chat-lr2e-3": (CHAT, {"lr": 2e-3}),
     "chat-lr2.5e-4": (CHAT, {"lr": 2.5e-4}),
     "chat-bt32k": (CHAT, {"batch_tokens": 32768}),
     "chat-decay1": (CHAT, {"decay": 1.0}),  # every TTT step's loss weighed alike (the recipe: 0.8 ** j)
