@@ -181,7 +181,8 @@ def _add_train_parser(sub) -> None:
                         "what does not fit is recomputed)")
     t.add_argument("--target-turns-only", action="store_true",
                    help="loss only on assistant turns the target wrote itself, not on earlier turns of the data")
-    t.add_argument("--lr", type=number(0, low_open=True), default=tc.lr, help="peak learning rate (AdamW)")
+    t.add_argument("--lr", action=Given, type=number(0, low_open=True), default=tc.lr,
+                   help="peak learning rate (AdamW)")
     t.add_argument("--min-lr-ratio", type=number(0, 1), default=tc.min_lr_ratio, help="the cosine ends at lr * this")
     t.add_argument("--warmup-steps", type=integer(0), default=tc.warmup_steps, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=number(0), default=tc.weight_decay, help="AdamW weight decay")

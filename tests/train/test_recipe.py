@@ -237,6 +237,24 @@ def test_a_named_recipe_sets_what_the_command_line_leaves_out(tmp_path, monkeypa
     assert "--recipe chat sets the data --regenerate writes" in capsys.readouterr().err
 
 
+def test_every_flag_a_recipe_sets_yields_to_the_command_line():
+    """A recipe fills a flag only where the command line left it out, which it can tell only for flags that record
+    being given (``Given``): a recipe key on any other flag would override what the user typed."""
+    import argparse
+
+    from eaglet.cli import build_parser
+    from eaglet.cli_train import Given
+    from eaglet.train_options import RECIPES
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    train = {a.dest: a for a in sub.choices["train"]._actions}
+    for name, recipe in RECIPES.items():
+        for dest in recipe:
+            assert isinstance(train[dest], Given), f"--recipe {name} sets {dest}, whose flag is not a Given action"
+    # The learning rate, the recipe's next candidate (session 49's ablation), records it already.
+    assert isinstance(train["lr"], Given)
+
+
 def test_the_fast_ttt_flags_reach_the_trainers_config_and_default_to_cuda():
     """--compile-loss and --fused-ttt-attention, either form, reach TrainConfig; unset, a run fuses both on CUDA
     and neither on the CPU (where a compile outweighs what it saves)."""
