@@ -45,7 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -148,7 +148,7 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     kinds, options = variant(like or name, target.config.vocab_size)
     data = str(out / f"data-{like or name}.jsonl")  # the final shares its template's records file
     n_train = write_variant(convs, kinds, Path(data))
-    cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **options)
+    cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **{**args.train_base, **options})
     trained = run / "train.json"
     if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
         res = json.loads(trained.read_text())
@@ -258,11 +258,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipe", choices=sorted(RECIPES),
                    help="regenerate as `eaglet train --regenerate --recipe NAME` does (its answer settings, "
                         "prompts, self-written prompts, openers, second turns and answer length) where those flags "
-                        "are not given")
+                        "are not given; its training options are every variant's base")
     recipe = p.parse_known_args(argv)[0].recipe
+    # The recipe's training options (the learning rate, say) are every variant's base: its `chat` is the recipe.
+    training = {f.name for f in fields(TrainConfig)} - {"epochs"}
+    base = {k: v for k, v in RECIPES[recipe].items() if k in training} if recipe else {}
+    p.set_defaults(train_base=base)
     if recipe:
         # --epochs stays an upper bound here; --answers is text.
-        p.set_defaults(**{k: v for k, v in RECIPES[recipe].items() if k not in ("epochs", "answers")},
+        p.set_defaults(**{k: v for k, v in RECIPES[recipe].items() if k not in ("epochs", "answers", *training)},
                        answers=",".join(f"{a:g}" for a in RECIPES[recipe]["answers"]))
     return p.parse_args(argv)
 

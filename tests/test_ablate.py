@@ -73,3 +73,12 @@ def test_recipe_sets_the_regeneration_flags_not_given():
     assert args.epochs == 20  # an upper bound for the variants' minutes, not the recipe's epochs
     plain = ablate.parse_args(["--out", "x"])
     assert (plain.max_samples, plain.self_prompts, plain.follow_ups) == (8000, 3000, 0.25)
+
+
+def test_the_recipes_training_options_are_every_variants_base(monkeypatch):
+    """A recipe's training option (the learning rate, say) becomes the base under every variant's own options, so
+    `chat` trains as the recipe does; without --recipe the base is empty."""
+    monkeypatch.setitem(ablate.RECIPES, "chat", {**ablate.RECIPES["chat"], "lr": 1e-3})
+    args = ablate.parse_args(["--out", "x", "--recipe", "chat"])
+    assert args.train_base == {"lr": 1e-3} and args.epochs == 20
+    assert ablate.parse_args(["--out", "x"]).train_base == {}
