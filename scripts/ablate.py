@@ -91,8 +91,9 @@ VARIANTS = {
     "all-norm-mlp2x": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "draft_intermediate_size": 3072}),
     "all-norm-mlp4x": (("greedy", "sampled", "self", "turns"), {"aux_norm": True, "draft_intermediate_size": 6144}),
     # The shipped recipe's data (`--recipe chat`: no second turns) and options, then one change each (session 48: a
-    # wider MLP and more data each left validation where the recipe has it, acc_0 ~0.80; these options no run has
-    # measured). The variants see the same minutes, so a larger batch makes fewer steps.
+    # wider MLP and more data each left validation where the recipe has it, acc_0 ~0.80). The variants see the same
+    # minutes, so a larger batch makes fewer steps, and the rate decays within them: session 49's 2.5 minutes put
+    # lr 1e-3 and 2e-3 far ahead, decay 1.0 and the whole vocabulary behind (docs/training.md).
     "chat": (CHAT, {}),
     "chat-lr1e-3": (CHAT, {"lr": 1e-3}),
     "chat-lr2e-3": (CHAT, {"lr": 2e-3}),
