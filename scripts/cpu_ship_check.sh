@@ -3,7 +3,8 @@
 # order the docs quote it: `eaglet doctor` (every check, float32), the accept length over both whole prompt sets
 # with the CPU's tree 5,2,8 (the policy off, 128 tokens: issue 12's CPU goal, 3.0 on each set), then speed, plain
 # against speculative with default flags over 20 prompts a set (issue 11's CPU goal, 1.5x, outputs identical).
-# ~25 minutes on an idle 2-core machine. Reports go to OUT (default runs/ship_check); the last lines are a summary.
+# ~13 minutes on an idle 2-core machine (session 49). Reports go to OUT (default runs/ship_check); the last lines
+# are a summary.
 #   bash scripts/cpu_ship_check.sh DRAFT_DIR [OUT]
 set -euo pipefail
 draft=${1:?usage: cpu_ship_check.sh DRAFT_DIR [OUT]}
@@ -26,7 +27,7 @@ speed = json.load(open(f"{out}/speed/report.json"))
 print("doctor:", ", ".join(f"{c['number']} {c['title']} {c['status']}" for c in doctor["checks"]))
 print("accept, 5,2,8 over the whole sets:", {s: round(v["methods"]["spec"]["accept_length"], 2)
                                              for s, v in whole["by_set"].items()})
-print("speed, 20 prompts a set, spec over plain:", {s: v["speedup"]["spec_over_plain"]
-                                                    for s, v in speed["by_set"].items()},
+by_set = {s: v["speedup"]["spec_over_plain"] for s, v in speed["by_set"].items()}
+print("speed, 20 prompts a set, spec over plain:", speed["speedup"]["spec_over_plain"], by_set,
       "identical:", speed["identical_to_plain"]["spec"])
 EOF
