@@ -260,15 +260,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="regenerate as `eaglet train --regenerate --recipe NAME` does (its answer settings, "
                         "prompts, self-written prompts, openers, second turns and answer length) where those flags "
                         "are not given; its training options are every variant's base")
-    recipe = p.parse_known_args(argv)[0].recipe
-    # The recipe's training options (the learning rate, say) are every variant's base: its `chat` is the recipe.
-    training = {f.name for f in fields(TrainConfig)} - {"epochs"}
-    base = {k: v for k, v in RECIPES[recipe].items() if k in training} if recipe else {}
-    p.set_defaults(train_base=base)
+    recipe = RECIPES.get(p.parse_known_args(argv)[0].recipe, {})
+    training = {f.name for f in fields(TrainConfig)}
+    # --epochs stays an upper bound here; the recipe's other training options (the learning rate, say) are every
+    # variant's base, so its `chat` is the recipe; its regeneration flags are defaults (--answers is text).
+    p.set_defaults(train_base={k: v for k, v in recipe.items() if k in training and k != "epochs"})
     if recipe:
-        # --epochs stays an upper bound here; --answers is text.
-        p.set_defaults(**{k: v for k, v in RECIPES[recipe].items() if k not in ("epochs", "answers", *training)},
-                       answers=",".join(f"{a:g}" for a in RECIPES[recipe]["answers"]))
+        p.set_defaults(**{k: v for k, v in recipe.items() if k not in training and k != "answers"},
+                       answers=",".join(f"{a:g}" for a in recipe["answers"]))
     return p.parse_args(argv)
 
 

@@ -68,8 +68,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     target = load_target(a.target)  # float32 on the CPU, as the doctor runs
     draft, _ = load_draft_for(resolve_draft(a.draft, target), target)
-    trained = torch.zeros(target.config.vocab_size, dtype=torch.bool)
-    trained[draft.vocab_ids()] = True
+    trained = draft.t2d.clone()  # [V] the tokens it was trained on, before an extension maps the rest
     if a.extend_draft_vocab:
         draft.extend_vocab(target.model.lm_head.weight)
     draft.eval()
