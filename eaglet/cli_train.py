@@ -169,6 +169,9 @@ def _add_train_parser(sub) -> None:
                         "draft and applied in serving too); --no-aux-norm for a draft other engines can load")
     t.add_argument("--aux-noise", type=number(0), default=tc.aux_noise, metavar="SIGMA",
                    help="training only: add uniform noise in [-SIGMA, SIGMA] to the captured points; 0 = off")
+    t.add_argument("--label-temperature", type=number(0, low_open=True), default=tc.label_temperature, metavar="T",
+                   help="training only: the labels are the target's distribution at temperature T; below 1 they "
+                        "weigh its argmax (what greedy serving accepts) more; 1 = as is")
     t.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="fuse the TTT loss's soft cross-entropy with torch.compile (its first step compiles; "
                         "default: on CUDA)")

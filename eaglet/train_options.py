@@ -42,6 +42,9 @@ class TrainConfig:
     # On by default: +0.23 predicted accept length at equal training time (docs/training.md, ablation).
     aux_norm: bool = True
     aux_noise: float = 0.0  # uniform noise in [-aux_noise, aux_noise] on the captured points, training only
+    # Training only: the labels are the target's distribution at this temperature (ttt.sharpen); below 1 the loss
+    # weighs the target's argmax, what greedy verification accepts, more than its tail. 1: the distribution as is.
+    label_temperature: float = 1.0
     earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
     # The TTT loss's soft cross-entropy through torch.compile (ttt.fused_soft_ce), and the TTT attention without
     # its dense mask (draft/ttt_attention.py); None: on CUDA, where together they took the H200's step of
@@ -65,6 +68,7 @@ class TrainConfig:
                   (self.max_len is None or self.max_len >= 8, "--max-len must be >= 8"),
                   (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
                   (self.aux_noise >= 0, "--aux-noise must be >= 0"),
+                  (self.label_temperature > 0, "--label-temperature must be > 0"),
                   ((self.draft_intermediate_size or 1) >= 1, "--draft-intermediate-size must be >= 1"),
                   (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
                   (self.save_every >= 1 and self.val_every >= 1, "--save-every and --val-every must be >= 1")]

@@ -23,6 +23,9 @@ The shipped recipe's options, one change at a time (session 48's plan; ~20 minut
     python scripts/ablate.py --target /tmp/smol.gguf --out runs/ablate --recipe chat --regen-min 3.5 \
         --train-min 3 --variants chat,chat-lr1e-3,chat-vocab-all
 
+``--warm-up-steps N`` trains the first variant N untimed steps first (into ``OUT/warm-up``, whose tokens it then
+reads), so that torch's compile of the training step falls outside its minutes as it does for the later variants.
+
 ``--recipe chat`` regenerates as ``eaglet train --regenerate --recipe chat`` does (greedy answers and answers at 0.7
 and 1.0, 16,000 corpus prompts, 20,000 self-written ones, half of them steered, no second turns, answers up to 256
 tokens), cut by ``--regen-min``.
@@ -104,6 +107,10 @@ VARIANTS = {
     "chat-vocab-all": (CHAT, {"draft_vocab_size": "all"}),  # "all": the target's vocabulary size
     # Without the sampled answers of corpus prompts: the self-written prompts' long answers weigh more.
     "chat-greedy-self": (("greedy", "self", "steered"), {}),
+    # The target's distribution sharpened as labels (--label-temperature): greedy serving accepts its argmax.
+    # Session 35's probe refitting the LM head alone lost with a hard argmax term; the whole draft may differ.
+    "chat-label0.5": (CHAT, {"label_temperature": 0.5}),
+    "chat-label0.25": (CHAT, {"label_temperature": 0.25}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 
@@ -140,6 +147,20 @@ def write_variant(convs: list[Conversation], kinds: tuple[str, ...], path: Path)
     return sum(c.split != "val" for c in keep)
 
 
+def tokenize_variant(target, data: str, run: Path, cfg: TrainConfig, dist: DistInfo) -> None:
+    """Tokenized outside the budget (run_train finds the cache): ~40k records take tens of seconds, which would
+    leave the larger variants less training time than the smaller ones."""
+    max_len = cfg.seq_len(target.config.max_position_embeddings)
+    for part, file in zip(split_train_val([c for c in load_conversations(data) if c.has_answer], 0.02),
+                          ("tokens-train", "tokens-val")):
+        if part:
+            tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
+
+
+def variant_config(args, options: dict, **more) -> TrainConfig:
+    return TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **{**args.train_base, **options, **more})
+
+
 def train_variant(args, target, convs: list[Conversation], val: list[Conversation], name: str, out: Path,
                   minutes: float, like: str | None = None) -> dict:
     """Train variant ``name`` (or, as ``name``, the records and options of variant ``like``) on its share
@@ -149,20 +170,13 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     kinds, options = variant(like or name, target.config.vocab_size)
     data = str(out / f"data-{like or name}.jsonl")  # the final shares its template's records file
     n_train = write_variant(convs, kinds, Path(data))
-    cfg = TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **{**args.train_base, **options})
+    cfg = variant_config(args, options)
     trained = run / "train.json"
     if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
         res = json.loads(trained.read_text())
     else:
-        # The training device is the target's (DistInfo's default is the CPU).
-        dist = DistInfo(device=torch.device(args.device))
-        # Tokenized outside the budget (run_train finds the cache): ~40k records take tens of seconds,
-        # which would leave the larger variants less training time than the smaller ones.
-        max_len = cfg.seq_len(target.config.max_position_embeddings)
-        for part, file in zip(split_train_val([c for c in load_conversations(data) if c.has_answer], 0.02),
-                              ("tokens-train", "tokens-val")):
-            if part:
-                tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
+        dist = DistInfo(device=torch.device(args.device))  # the target's (DistInfo's default is the CPU)
+        tokenize_variant(target, data, run, cfg, dist)
         # A resumed variant (Ctrl-C) gets what its budget has left: every variant trains --train-min in all.
         with spent(run / CLOCK_NAME) as clock:
             res = run_train(target, data, run, cfg, dist, time_budget_s=max(1.0, 60 * minutes - clock.before))
@@ -173,6 +187,24 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     return {"kinds": list(kinds), "options": options, "minutes": minutes, "train_records": n_train,
             "steps": res["steps"], "epochs_done": res["epochs_done"], "val": res["val"], "sources": sources,
             "train_seconds": res["seconds_this_run"]}
+
+
+def warm_up(args, target, convs: list[Conversation], name: str, out: Path, steps: int) -> None:
+    """``steps`` untimed training steps of variant ``name`` into OUT/warm-up, whose tokens then serve the variant's
+    own run: a fresh machine compiles the training step within its first variant's minutes otherwise (session
+    49's first variant made ~90 of ~1,000 steps fewer than the later ones, which found the kernels on disk)."""
+    warm, run = out / "warm-up", out / name
+    warm.mkdir(exist_ok=True)
+    run.mkdir(exist_ok=True)
+    _, options = variant(name, target.config.vocab_size)
+    data = str(out / f"data-{name}.jsonl")
+    write_variant(convs, variant(name, target.config.vocab_size)[0], Path(data))
+    cfg = variant_config(args, options, max_steps=steps)
+    dist = DistInfo(device=torch.device(args.device))
+    tokenize_variant(target, data, warm, cfg, dist)
+    run_train(target, data, warm, cfg, dist)
+    for f in warm.glob("tokens-*.safetensors"):  # the same records and options: tokenizing would repeat
+        shutil.copy(f, run / f.name)
 
 
 def macro_tau(row: dict) -> float:
@@ -256,6 +288,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="then train the records and options of the best variant so far (macro_tau) "
                         "for this many minutes into OUT/final")
     p.add_argument("--serve", type=int, default=0, help="prompts per serving measurement (0: none)")
+    p.add_argument("--warm-up-steps", type=int, default=0,
+                   help="train the first variant this many untimed steps first, so that it does not compile "
+                        "torch's kernels within its minutes (0: none)")
     p.add_argument("--recipe", choices=sorted(RECIPES),
                    help="regenerate as `eaglet train --regenerate --recipe NAME` does (its answer settings, "
                         "prompts, self-written prompts, openers, second turns and answer length) where those flags "
@@ -299,6 +334,8 @@ def main() -> None:
     regen_s = time.time() - t0
     print(f"regeneration: {len(convs)} records in {regen_s:.0f} s (resumed runs count only this run)", flush=True)
     val = [replace(c, source=group(c)) for c in convs if c.split == "val"]
+    if args.warm_up_steps and names and not (out / names[0] / "train.json").is_file():
+        warm_up(args, target, convs, names[0], out, args.warm_up_steps)
     for name in names:
         run = out / name
         done = run / "result.json"

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+from argparse import Namespace
 from pathlib import Path
 
 from eaglet.data.prompts import parse_record, read_jsonl
+from tests.train.helpers import load_tiny, make_tiny_target_dir
 
 _spec = importlib.util.spec_from_file_location("ablate", Path(__file__).resolve().parents[1] / "scripts" / "ablate.py")
 ablate = importlib.util.module_from_spec(_spec)
@@ -82,3 +85,17 @@ def test_the_recipes_training_options_are_every_variants_base(monkeypatch):
     args = ablate.parse_args(["--out", "x", "--recipe", "chat"])
     assert args.train_base == {"lr": 1e-3} and args.epochs == 20
     assert ablate.parse_args(["--out", "x"]).train_base == {}
+
+
+def test_the_warm_up_trains_untimed_steps_and_hands_its_tokens_to_the_first_variant(tmp_path):
+    tiny_target = load_tiny(make_tiny_target_dir(tmp_path / "target"))
+    answer = {"role": "assistant", "content": "the cat sat on the mat and the dog sat on the log"}
+    convs = [parse_record({"id": f"p{i}", "messages": [{"role": "user", "content": f"question {i}"}, answer],
+                           "split": "val" if i % 5 == 0 else "train", "source": "evals/x"}) for i in range(20)]
+    args = Namespace(epochs=20, train_base={"batch_tokens": 256, "ttt_steps": 2, "progress": False}, device="cpu")
+    ablate.warm_up(args, tiny_target, convs, "chat-label0.5", tmp_path, steps=2)
+    log = [json.loads(line) for line in (tmp_path / "warm-up" / "train_log.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in log) == 2  # the steps asked for, no clock
+    for f in ("tokens-train.safetensors", "tokens-val.safetensors"):
+        assert (tmp_path / "chat-label0.5" / f).read_bytes() == (tmp_path / "warm-up" / f).read_bytes()
+    assert not (tmp_path / "chat-label0.5" / "train.json").exists()  # the variant itself is still to train

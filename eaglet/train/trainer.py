@@ -41,7 +41,7 @@ from eaglet.train.feature_cache import FeatureCache, caches_for
 from eaglet.train.inputs import Featurizer, StepInputs
 from eaglet.train.report import RunLog, plot_accuracy, summarize
 from eaglet.train.state import load_state, read_info, save_state
-from eaglet.train.ttt import SERVE_WINDOW, TTTLoss
+from eaglet.train.ttt import SERVE_WINDOW, TTTLoss, sharpen
 from eaglet.train_options import TrainConfig
 
 
@@ -284,6 +284,8 @@ class Trainer:
         inp = self.train_feats(batch)
         if self.cfg.aux_noise:  # EAGLE's feature noise: the draft learns to read imperfect features
             inp = replace(inp, aux=inp.aux + (torch.rand_like(inp.aux) * 2 - 1) * self.cfg.aux_noise)
+        if self.cfg.label_temperature != 1:  # validation keeps the target's own distribution
+            inp = replace(inp, target_logp=sharpen(inp.target_logp, self.cfg.label_temperature))
         loss, stats = self._forward(inp, self.model)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -70,6 +70,12 @@ def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[:, k:], pad], dim=1)[:, : x.shape[1]]
 
 
+def sharpen(target_logp: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs [..., V] -> the log-probs of the same distribution at ``temperature``: log_softmax(logits / T) for
+    any logits they came from (a log-softmax shifts each row by a constant, which the division only scales)."""
+    return (target_logp / temperature).log_softmax(-1)
+
+
 def soft_ce(logits: torch.Tensor, target_logp: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [n, Vd] (bf16 under autocast), target_logp [N, Vd] float32 log-probs, at [n] the label row of each
     -> (soft cross-entropy [n] float32, the argmax of each row of logits [n])."""

@@ -10,12 +10,15 @@ S=${S:-/tmp/eg/res}; R=${R:-/tmp/runs/ablate}
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
 nvidia-smi --query-gpu=name,memory.used --format=csv 2>/dev/null
-: "${VARIANTS:=chat,chat-lr1e-3,chat-vocab-all}" "${REGEN_MIN:=3.5}" "${TRAIN_MIN:=3}"
+: "${VARIANTS:=chat,chat-label0.5,chat-label0.25}" "${REGEN_MIN:=3.5}" "${TRAIN_MIN:=3}"
+warm="--warm-up-steps 3"  # the first variant's command compiles the training step before its minutes start
 for v in ${VARIANTS//,/ }; do
   # One variant a command: the same regeneration (resumed from its files) and the variants finished before.
   stamp "variant $v: $TRAIN_MIN minutes"
+  # shellcheck disable=SC2086
   python3 scripts/ablate.py --target /tmp/smol.gguf --out $R --recipe chat --regen-min "$REGEN_MIN" \
-    --train-min "$TRAIN_MIN" --variants "$v" --serve 20 $ABLATE_ARGS 2>&1 | grep -v '^\s*$'
+    --train-min "$TRAIN_MIN" --variants "$v" --serve 20 $warm $ABLATE_ARGS 2>&1 | grep -v '^\s*$'
+  warm=""
   [ -f $R/$v/result.json ] && cp $R/$v/result.json "$S/ablate_$v.json"
   [ -f $R/ablation.md ] && cp $R/ablation.md $S/
 done

@@ -15,6 +15,7 @@ from eaglet.draft.model import PointNorm
 from eaglet.errors import EagletError
 from eaglet.train.budget import BudgetSplit
 from eaglet.train.trainer import Trainer
+from eaglet.train.ttt import sharpen
 from eaglet.train_options import TrainConfig
 from tests.train.helpers import answers_end_after, interrupt_on_call, prompts, token_data, write_jsonl
 
@@ -59,6 +60,38 @@ def test_feature_noise_changes_training_not_validation(tiny_target, tmp_path):
         runs[noise] = {r["split"]: r["loss"] for r in rows}
     assert runs[0.0]["train"] != runs[0.5]["train"]  # the same weights at step 1 see other features
     assert runs[0.0]["val"] != runs[0.5]["val"]  # (after one step the weights differ: both are logged)
+
+
+def test_sharpened_labels_are_the_targets_distribution_at_a_temperature():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 40) * 4
+    logp = logits.log_softmax(-1)
+    for t in (0.25, 0.5, 2.0):
+        torch.testing.assert_close(sharpen(logp, t), (logits / t).log_softmax(-1))
+        assert torch.equal(sharpen(logp, t).argmax(-1), logits.argmax(-1))
+    assert (sharpen(logp, 0.5).amax(-1) > logp.amax(-1)).all()  # below 1: more weight on the argmax
+    torch.testing.assert_close(sharpen(logp, 1.0), logp)
+
+
+def test_label_temperature_changes_training_not_validation(tiny_target, tmp_path, monkeypatch):
+    import eaglet.train.trainer as trainer_module
+
+    calls = []
+    monkeypatch.setattr(trainer_module, "sharpen", lambda logp, t: calls.append(t) or sharpen(logp, t))
+    train, val = token_data(tiny_target, 24, 35), token_data(tiny_target, 6, 36)
+    runs = {}
+    for t in (1.0, 0.25):
+        out = tmp_path / f"t{t}"
+        out.mkdir()
+        Trainer(TrainConfig(max_steps=2, val_every=1, label_temperature=t, **FAST), tiny_target, train, val,
+                out).run()
+        rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        runs[t] = [r for r in rows if r["split"] in ("train", "val")]
+    assert runs[1.0][0]["loss"] != runs[0.25][0]["loss"]  # the same weights at step 1, other labels
+    assert {r["split"] for r in runs[0.25]} == {"train", "val"}  # validated after each step ...
+    assert calls == [0.25, 0.25]  # ... while only the two training steps sharpened their labels
+    with pytest.raises(EagletError, match="label-temperature"):
+        TrainConfig(label_temperature=0)
 
 
 def test_budget_split_rule():
