@@ -196,9 +196,9 @@ def warm_up(args, target, convs: list[Conversation], name: str, out: Path, steps
     warm, run = out / "warm-up", out / name
     warm.mkdir(exist_ok=True)
     run.mkdir(exist_ok=True)
-    _, options = variant(name, target.config.vocab_size)
+    kinds, options = variant(name, target.config.vocab_size)
     data = str(out / f"data-{name}.jsonl")
-    write_variant(convs, variant(name, target.config.vocab_size)[0], Path(data))
+    write_variant(convs, kinds, Path(data))
     cfg = variant_config(args, options, max_steps=steps)
     dist = DistInfo(device=torch.device(args.device))
     tokenize_variant(target, data, warm, cfg, dist)
