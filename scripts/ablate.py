@@ -157,6 +157,15 @@ def tokenize_variant(target, data: str, run: Path, cfg: TrainConfig, dist: DistI
             tokenized(target, part, run / f"{file}.safetensors", max_len, dist, cfg.earlier_turns)
 
 
+def variant_records(convs: list[Conversation], template: str, out: Path,
+                    vocab_size: int) -> tuple[tuple[str, ...], dict, str, int]:
+    """Variant ``template``'s record kinds and options, its records file OUT/data-<template>.jsonl (written) and how
+    many training records it holds."""
+    kinds, options = variant(template, vocab_size)
+    data = out / f"data-{template}.jsonl"
+    return kinds, options, str(data), write_variant(convs, kinds, data)
+
+
 def variant_config(args, options: dict, **more) -> TrainConfig:
     return TrainConfig(epochs=args.epochs, val_every=10**9, save_every=500, **{**args.train_base, **options, **more})
 
@@ -167,9 +176,8 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
     of ``convs`` within ``minutes``, then score it per source."""
     run = out / name
     run.mkdir(exist_ok=True)
-    kinds, options = variant(like or name, target.config.vocab_size)
-    data = str(out / f"data-{like or name}.jsonl")  # the final shares its template's records file
-    n_train = write_variant(convs, kinds, Path(data))
+    # the final shares its template's records file
+    kinds, options, data, n_train = variant_records(convs, like or name, out, target.config.vocab_size)
     cfg = variant_config(args, options)
     trained = run / "train.json"
     if trained.is_file():  # trained to its budget by an earlier command that stopped while scoring
@@ -196,9 +204,7 @@ def warm_up(args, target, convs: list[Conversation], name: str, out: Path, steps
     warm, run = out / "warm-up", out / name
     warm.mkdir(exist_ok=True)
     run.mkdir(exist_ok=True)
-    kinds, options = variant(name, target.config.vocab_size)
-    data = str(out / f"data-{name}.jsonl")
-    write_variant(convs, kinds, Path(data))
+    _, options, data, _ = variant_records(convs, name, out, target.config.vocab_size)
     cfg = variant_config(args, options, max_steps=steps)
     dist = DistInfo(device=torch.device(args.device))
     tokenize_variant(target, data, warm, cfg, dist)
