@@ -22,6 +22,7 @@ fi
 if ls .dev/q*/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/q*/*.whl
 fi
+bash scripts/h200/stop.sh  # a plan still running from an earlier call: never two beside each other
 rm -rf /tmp/eg/repo /tmp/eg/DONE /tmp/eg/res && mkdir -p /tmp/eg/repo /tmp/eg/res
 # The tree and what else this call carries in .dev (an earlier kernel for iteration_ab.sh), not the GGUF's parts.
 tar --exclude='./.dev/q*' --exclude='./.dev/p*' --exclude=./.git -cf - . | (cd /tmp/eg/repo && tar xf -)
@@ -30,5 +31,6 @@ cd /tmp/eg/repo
 export PYTHONPATH=/tmp/eg/repo:/tmp/site PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
 plans=""; for p in "${@:2}"; do plans+="bash scripts/h200/$p; "; done
 setsid nohup bash -c "$plans touch /tmp/eg/DONE" > /tmp/eg/log 2>&1 < /dev/null &
+echo $! > /tmp/eg/pid  # the leader of the plan's session, for stop.sh
 sleep 2
 bash scripts/h200/watch.sh "$1"

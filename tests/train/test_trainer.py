@@ -174,6 +174,23 @@ def test_a_generous_budget_trains(tiny_target, regenerated, tmp_path, monkeypatc
     assert res["steps"] == 5 and not res["stopped_by_clock"]
 
 
+def test_a_slow_first_step_does_not_end_a_short_budget(tiny_target, regenerated, tmp_path, monkeypatch):
+    # Regression (session 51): the first step compiles; a 45-second budget extrapolated validation's time from it
+    # and stopped at step 1. Here the first step takes 150 of the 200 fake seconds, the later ones 0.1 s.
+    data = _fresh(regenerated, tmp_path)
+    clock = [0.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    backward = Trainer._backward
+
+    def timed(self, batch):
+        clock[0] += 150.0 if self.step == 0 else 0.1
+        return backward(self, batch)
+
+    monkeypatch.setattr(Trainer, "_backward", timed)
+    res = run_train(tiny_target, data, tmp_path, TrainConfig(max_steps=5, **FAST), time_budget_s=200)
+    assert res["steps"] == 5 and not res["stopped_by_clock"]
+
+
 def test_offline_features_train(tiny_target, regenerated, tmp_path):
     from eaglet.data.dataset import TokenData
 
