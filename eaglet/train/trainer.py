@@ -319,10 +319,10 @@ class Trainer:
                           "it: run the same command again to resume from there")
 
     def _val_estimate(self, measured: float, tokens: int, seconds: float) -> float:
-        """Seconds the final validation will take: measured, else guessed from training throughput (``tokens`` trained
-        in ``seconds`` since the run's first step: that step compiles, 2.4 s on an H100 against ~0.13 s for the
-        next ones, and a 45-second budget that extrapolated from it reserved more than it had left for validation
-        and stopped at step 1, session 51)."""
+        """Seconds the final validation will take: measured, else guessed from training throughput (``tokens``
+        trained in ``seconds`` since the run's first step: that step compiles or loads its kernels, 2.4 s on an H100
+        against ~0.13 s for the next ones, and a 45-second budget that extrapolated from it reserved more than it had
+        left for validation and stopped at step 1, session 51)."""
         if self.val_src is None or not (measured or tokens):
             return 0.0  # until a step after the first there is nothing to extrapolate from
         if measured:
