@@ -200,9 +200,11 @@ def train_variant(args, target, convs: list[Conversation], val: list[Conversatio
 def warm_up(args, target, convs: list[Conversation], name: str, out: Path, steps: int) -> None:
     """``steps`` untimed training steps of variant ``name`` into OUT/warm-up, whose tokens then serve the variant's
     own run: a fresh machine compiles the training step within its first variant's minutes otherwise (session
-    49's first variant made ~90 of ~1,000 steps fewer than the later ones, which found the kernels on disk)."""
+    49's first variant made ~90 of ~1,000 steps fewer than the later ones, which found the kernels on disk).
+    Always afresh: a later plan's warm-up resumed an earlier one's checkpoint at its last step and trained none."""
     warm, run = out / "warm-up", out / name
-    warm.mkdir(exist_ok=True)
+    shutil.rmtree(warm, ignore_errors=True)
+    warm.mkdir()
     run.mkdir(exist_ok=True)
     _, options, data, _ = variant_records(convs, name, out, target.config.vocab_size)
     cfg = variant_config(args, options, max_steps=steps)

@@ -87,15 +87,30 @@ def test_the_recipes_training_options_are_every_variants_base(monkeypatch):
     assert ablate.parse_args(["--out", "x"]).train_base == {}
 
 
-def test_the_warm_up_trains_untimed_steps_and_hands_its_tokens_to_the_first_variant(tmp_path):
+def _warm_up_inputs(tmp_path):
+    """A tiny target, 20 records (every fifth for validation) and the arguments warm_up reads."""
     tiny_target = load_tiny(make_tiny_target_dir(tmp_path / "target"))
     answer = {"role": "assistant", "content": "the cat sat on the mat and the dog sat on the log"}
     convs = [parse_record({"id": f"p{i}", "messages": [{"role": "user", "content": f"question {i}"}, answer],
                            "split": "val" if i % 5 == 0 else "train", "source": "evals/x"}) for i in range(20)]
     args = Namespace(epochs=20, train_base={"batch_tokens": 256, "ttt_steps": 2, "progress": False}, device="cpu")
+    return tiny_target, convs, args
+
+
+def test_the_warm_up_trains_untimed_steps_and_hands_its_tokens_to_the_first_variant(tmp_path):
+    tiny_target, convs, args = _warm_up_inputs(tmp_path)
     ablate.warm_up(args, tiny_target, convs, "chat-label0.5", tmp_path, steps=2)
     log = [json.loads(line) for line in (tmp_path / "warm-up" / "train_log.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in log) == 2  # the steps asked for, no clock
     for f in ("tokens-train.safetensors", "tokens-val.safetensors"):
         assert (tmp_path / "chat-label0.5" / f).read_bytes() == (tmp_path / "warm-up" / f).read_bytes()
     assert not (tmp_path / "chat-label0.5" / "train.json").exists()  # the variant itself is still to train
+
+
+def test_a_second_warm_up_trains_its_own_steps(tmp_path):
+    tiny_target, convs, args = _warm_up_inputs(tmp_path)
+    for name in ("chat", "chat-label0.5"):  # a later plan on the same machine warms its own first variant
+        ablate.warm_up(args, tiny_target, convs, name, tmp_path, steps=2)
+    log = [json.loads(line) for line in (tmp_path / "warm-up" / "train_log.jsonl").read_text().splitlines()]
+    # One run's log: two steps trained afresh, then validated (resumed at step 2, it trained none and validated again)
+    assert [(r["split"], r["step"]) for r in log] == [("train", 1), ("train", 2), ("val", 2)]
