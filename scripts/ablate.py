@@ -111,6 +111,7 @@ VARIANTS = {
     # Session 35's probe refitting the LM head alone lost with a hard argmax term; the whole draft may differ.
     "chat-label0.5": (CHAT, {"label_temperature": 0.5}),
     "chat-label0.25": (CHAT, {"label_temperature": 0.25}),
+    "chat-label0.125": (CHAT, {"label_temperature": 0.125}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 
