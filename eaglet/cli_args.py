@@ -60,6 +60,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "prompt on an H200 for ~20-40 s more at start (default: on with CUDA graphs, off in "
                         "generate; docs/performance.md)")
     add_head_options(p)
+    p.add_argument("--int8-draft-layer", action="store_true",
+                   help="serve the draft's fc and decoder layer in int8 as well (the head: --int8-draft-head), "
+                        "halving the weight a draft step reads: fbgemm's on an x86 CPU with a float32 target (not "
+                        "with --compile), a Triton GEMM on CUDA; off by default (docs/speculative.md)")
     p.add_argument("--policy", choices=("auto", "off"), default="auto",
                    help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
                         "when speculation is slower; 'off': keep the tree whatever it costs")

@@ -45,7 +45,7 @@ def _engine(a: Namespace) -> EngineOptions:
     # cli_checks has made sure the three tree flags come together or not at all
     tree = TreeConfig(a.num_steps, a.topk, a.num_draft_tokens) if a.num_steps is not None else None
     return EngineOptions(tree, a.compile, a.policy == "auto", a.compile_prefill, a.draft_vocab, a.int8_draft_head,
-                         a.extend_draft_vocab)
+                         a.extend_draft_vocab, a.int8_draft_layer)
 
 
 def _regen(a: Namespace) -> RegenConfig:

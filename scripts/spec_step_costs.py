@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="append the JSON lines to this file too")
     ap.add_argument("--dynamic", action="store_true", help="automatic dynamic shapes (see above)")
     ap.add_argument("--int8-draft-head", action="store_true", help="the draft's LM head in int8 (CudaInt8Linear)")
+    ap.add_argument("--int8-draft-layer", action="store_true",
+                    help="the draft's fc and layer projections in int8 too (Eagle3Draft.int8_projections)")
     ap.add_argument("--argmax-chunk", type=int, default=None,
                     help="the two-stage argmax's chunk (default: eaglet.speculative.tree.argmax_chunk's choice)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -132,6 +134,8 @@ def main() -> None:
     draft = random_draft(target, a.draft_vocab, a.draft_intermediate_size)
     if a.int8_draft_head:
         draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
+    if a.int8_draft_layer:
+        draft.int8_projections(CudaInt8Linear)  # random_draft's is fused already
     greedy = SamplingParams()
     rows = []
     for b in a.batch:
@@ -164,6 +168,7 @@ def main() -> None:
             call = eng._measure(lambda: it(None), state, reps=30) * 1e3  # noqa: B023 (called at once)
             row = {"shape": a.shape, "dynamic": a.dynamic, "batch": b, "tree": tree.describe(),
                    "draft_head": "int8" if a.int8_draft_head else "bf16",
+                   "draft_layer": "int8" if a.int8_draft_layer else "bf16",
                    "draft_vocab": a.draft_vocab, "draft_mlp": draft.config.intermediate_size,
                    "argmax_chunk": a.argmax_chunk or "default", "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,

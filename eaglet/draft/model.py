@@ -20,6 +20,7 @@ or through ``past`` lists of earlier steps' K/V (training-time test, differentia
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -39,6 +40,19 @@ from eaglet.models.layers import Linear, RMSNorm, Rotary, apply_rotary, dense, r
 # hidden dimension to fit it on (with few rows any head fits: a random one at R^2 ~ H / rows).
 MIN_FIT = 0.5
 MIN_ROWS = 4
+
+
+class ServingLinear(nn.Module):
+    """``x @ weight.T`` through ``dense`` for a serving copy (the fused q/k/v or gate/up): its weight a
+    non-persistent buffer, so checkpoints keep the separate projections, and a module, so that
+    ``Eagle3Draft.int8_projections`` can swap it for an int8 one like any other projection."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense(x, self.weight)
 
 
 @dataclass(frozen=True)
@@ -96,13 +110,13 @@ class DraftAttention(nn.Module):
         self.k_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
         self.v_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
         self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.register_buffer("qkv", None, persistent=False)  # [(nq+2nkv)*D, 2H], set by fuse_projections
+        self.qkv: nn.Module | None = None  # [2H -> (nq+2nkv)*D], set by fuse_projections
         self.ttt_fused = False  # training-time test through ttt_attention (TTTLoss sets it; --fused-ttt-attention)
 
     def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
         b, t, _ = x.shape
         if cache is not None and self.qkv is not None:
-            q, k, v = dense(x, self.qkv).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
+            q, k, v = self.qkv(x).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = apply_rotary(q.view(b, t, self.n_q, self.d), cos, sin)  # [B, T, nq, D]
@@ -137,11 +151,11 @@ class DraftMLP(nn.Module):
         self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
-        self.register_buffer("gate_up", None, persistent=False)  # [2I, H], set by fuse_projections
+        self.gate_up: nn.Module | None = None  # [H -> 2I], set by fuse_projections
 
     def forward(self, x, fused: bool = False):
         if fused and self.gate_up is not None:
-            gate, up = dense(x, self.gate_up).chunk(2, dim=-1)
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
@@ -214,8 +228,22 @@ class Eagle3Draft(nn.Module):
         """
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
         with torch.no_grad():
-            attn.qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-            mlp.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            attn.qkv = ServingLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+            mlp.gate_up = ServingLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        return self
+
+    def int8_projections(self, make: Callable[[torch.Tensor], nn.Module]) -> Eagle3Draft:
+        """For serving, after ``fuse_projections``: ``fc``, the fused q/k/v, ``o_proj``, the fused gate/up and
+        ``down_proj`` replaced by ``make(weight)``, an int8 copy (``Int8Linear``, ``CudaInt8Linear``). On a
+        bandwidth-bound GPU a draft step's cost is reading these weights (and the head's): a 6,8,48 iteration of
+        a Llama-3.1-8B-shaped draft reads its 243M-parameter layer six times. Training never reads them."""
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        if attn.qkv is None or mlp.gate_up is None:
+            raise EagletError("int8 projections serve the fused draft: call fuse_projections first")
+        with torch.no_grad():
+            self.fc = make(self.fc.weight)
+            attn.qkv, attn.o_proj = make(attn.qkv.weight), make(attn.o_proj.weight)
+            mlp.gate_up, mlp.down_proj = make(mlp.gate_up.weight), make(mlp.down_proj.weight)
         return self
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -300,6 +328,6 @@ class Eagle3Draft(nn.Module):
         return r2
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        w = self.fc.weight
+        w = self.norm.weight  # the draft's dtype and device (``fc`` may be served in int8)
         c = self.config
         return KVCache(1, batch, capacity, c.num_kv_heads, c.head_dim, w.dtype, w.device)

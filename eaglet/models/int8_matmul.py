@@ -1,4 +1,4 @@
-"""A draft's LM head served in int8 on CUDA: ``eaglet::int8_matmul``, a weight-only int8 GEMM in Triton.
+"""A draft's weights served in int8 on CUDA: ``eaglet::int8_matmul``, a weight-only int8 GEMM in Triton.
 
 On the GPU a draft step's head is a GEMM of a few rows (the frontier: 1-8 at batch 1) against the whole head,
 [24,576, 576] for SmolLM2's served draft vocabulary: its cost is reading the weight, and a 6,8,48 iteration
@@ -7,6 +7,13 @@ read halves. Each program owns BN output columns and all the rows of a BM block:
 int8 weight once, widens it to the activations' dtype in registers, accumulates on the tensor cores in
 float32 and applies the row scales at the end. The activations are not quantized, so the only change to the
 logits is the weight's rounding (at most half a step of 1/127 of a row's largest weight).
+
+The draft's layer (``Eagle3Draft.int8_projections``) has GEMMs of few output columns and a long input:
+a Llama-3.1-8B-shaped draft's ``down_proj`` is [4,096, 14,336], 64 programs of 64 columns for a GPU of 132
+SMs, each streaming 0.9 MB, too few loads in flight to draw the card's bandwidth. There the input
+dimension is split (``split_k``): each of S programs per column block sums its share into a float32
+partial [S, M, N], and a second kernel adds the S partials in a fixed order and applies the scales (two
+launches, the same result on every run, no atomics and no zeroed buffer).
 """
 
 from __future__ import annotations
@@ -37,22 +44,82 @@ if HAS_TRITON:
         tl.store(Y + rm[:, None] * sy + rn[None, :], (acc * s[None, :]).to(Y.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+    @triton.jit
+    def _int8_matmul_split(X, W, P, M, N, K, KS, sx, sw, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                           PRECISION: tl.constexpr):
+        # Program (n, m, s) sums input indices [s*KS, (s+1)*KS) into the float32 partial P[s] [M, N].
+        rm = tl.program_id(1) * BM + tl.arange(0, BM)
+        rn = tl.program_id(0) * BN + tl.arange(0, BN)
+        split = tl.program_id(2)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        end = tl.minimum(K, (split + 1) * KS)
+        for k0 in range(split * KS, end, BK):
+            kk = k0 + rk
+            x = tl.load(X + rm[:, None] * sx + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < end), other=0.0)
+            w = tl.load(W + rn[None, :] * sw + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < end), other=0)
+            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=PRECISION)
+        tl.store(P + split * M * N + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    @triton.jit
+    def _sum_splits(P, S, Y, M, N, sy, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+        # Y[m, n] = scale[n] * sum over s of P[s, m, n], the splits added in order.
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = i < M * N
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(P + s * M * N + i, mask=live, other=0.0)
+        n = i % N
+        tl.store(Y + (i // N) * sy + n, (acc * tl.load(S + n, mask=live, other=0.0)).to(Y.dtype.element_ty),
+                 mask=live)
+
 # Tile: 16 rows (tl.dot's least) x 64 columns x 64 of the input dimension; ``config`` overrides for timing.
 CONFIG = {"BN": 64, "BK": 64, "num_warps": 4, "num_stages": 3}
+# ``split_k``: split the input where the column blocks number fewer than SPLIT_WAVES programs a multiprocessor,
+# each split at least MIN_SPLIT_K long (a guess from the occupancy a streaming kernel needs; untimed on a GPU yet).
+SPLIT_WAVES = 2
+MIN_SPLIT_K = 512
+_SMS: dict[int, int] = {}
+
+
+def split_k(programs: int, k: int, sms: int) -> int:
+    """How many ways to split an input of ``k`` among ``programs`` column blocks on ``sms`` multiprocessors."""
+    want = -(-SPLIT_WAVES * sms // programs)  # ceil
+    return max(1, min(want, k // MIN_SPLIT_K))
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # Triton's interpreter: nothing to fill (tests pass ``config["SPLIT"]``)
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """x [M, K], w int8 [N, K], scales float32 [N] -> x @ (w * scales[:, None]).T [M, N] in x's dtype."""
+    """x [M, K], w int8 [N, K], scales float32 [N] -> x @ (w * scales[:, None]).T [M, N] in x's dtype.
+
+    ``config``: the tile (CONFIG's keys) and ``SPLIT``, the input's splits (default: ``split_k``'s choice)."""
     m, k = x.shape
     n = w.shape[0]
     c = {**CONFIG, **(config or {})}
     x = x if x.stride(-1) == 1 else x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm = max(16, min(64, triton.next_power_of_2(m)))
-    _int8_matmul[(triton.cdiv(n, c["BN"]), triton.cdiv(m, bm))](
-        x, w, scales, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), BM=bm, BN=c["BN"], BK=c["BK"],
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (bf16 ignores it)
-        num_warps=c["num_warps"], num_stages=c["num_stages"])
+    grid = (triton.cdiv(n, c["BN"]), triton.cdiv(m, bm))
+    splits = c.get("SPLIT") or split_k(grid[0] * grid[1], k, _multiprocessors(x.device))
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # float32 stays float32 (bf16 ignores it)
+    tile = {"BM": bm, "BN": c["BN"], "BK": c["BK"], "PRECISION": precision, "num_warps": c["num_warps"],
+            "num_stages": c["num_stages"]}
+    if splits == 1:
+        _int8_matmul[grid](x, w, scales, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), **tile)
+        return y
+    ks = triton.cdiv(triton.cdiv(k, splits), c["BK"]) * c["BK"]  # each split a whole number of BK steps
+    splits = triton.cdiv(k, ks)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [S, M, N]
+    _int8_matmul_split[(*grid, splits)](x, w, part, m, n, k, ks, x.stride(0), w.stride(0), **tile)
+    _sum_splits[(triton.cdiv(m * n, 1024),)](part, scales, y, m, n, y.stride(0), SPLITS=splits, BLOCK=1024)
     return y
 
 

@@ -64,7 +64,7 @@ def resolve_draft(spec: str, target: Target) -> Path | None:
 
 
 def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8_head: bool | None = None,
-                      extend: bool | None = None):
+                      extend: bool | None = None, int8_layer: bool = False):
     """The draft at ``path``, on the target's device and in its dtype, its projections fused for
     serving; a draft recorded for another target (hidden size, vocabulary, layers, tokenizer) is refused.
 
@@ -75,14 +75,16 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
     with Triton); None: the device's default (a CPU wherever possible, CUDA if CUDA_INT8_HEAD). ``extend``: serve
     over the target's whole vocabulary, the rows the draft lacks mapped from the target's LM head
     (``Eagle3Draft.extend_vocab``); None: where the head is served in int8 over all its tokens on a device of
-    EXTEND_ON."""
+    EXTEND_ON. ``int8_layer``: also ``fc`` and the decoder layer's projections in int8 (``int8_projections``;
+    where an int8 head can be served; off by default: not yet measured against the float layer)."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
     on_cpu = p.device.type == "cpu" and p.dtype == torch.float32 and int8_gemm_available()
     on_cuda = p.device.type == "cuda" and HAS_TRITON
-    if int8_head and not (on_cpu or on_cuda):
-        raise EagletError("an int8 draft head needs a float32 target on an x86 CPU (fbgemm's int8 GEMM) or a CUDA "
+    if (int8_head or int8_layer) and not (on_cpu or on_cuda):
+        what = "head" if int8_head else "layer"
+        raise EagletError(f"an int8 draft {what} needs a float32 target on an x86 CPU (fbgemm's int8 GEMM) or a CUDA "
                           f"GPU with Triton; this one is {str(p.dtype).removeprefix('torch.')} on {p.device.type}")
     int8_head = (on_cpu or (on_cuda and CUDA_INT8_HEAD)) if int8_head is None else int8_head
     if extend and vocab is not None:
@@ -101,9 +103,11 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
         except EagletError as e:
             if extend:  # by default a draft it does not suit is served as trained
                 raise EagletError(f"--extend-draft-vocab: {e} ({path}); leave the flag out") from None
+    int8 = CudaInt8Linear if on_cuda else Int8Linear
     if int8_head:
-        draft.lm_head = (CudaInt8Linear if on_cuda else Int8Linear)(draft.lm_head.weight)
-    return draft.fuse_projections()
+        draft.lm_head = int8(draft.lm_head.weight)
+    draft.fuse_projections()
+    return draft.int8_projections(int8) if int8_layer else draft
 
 
 def spec_engine(target: Target, path: Path, max_context: int | None, options: EngineOptions,
@@ -115,11 +119,13 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
     # A CPU's --compile traces the draft, and dynamo does not take fbgemm's packed weights: the head stays float32.
     # (CUDA's int8 head is an operator that compiles.)
     on_cpu = target.model.embed.weight.device.type == "cpu"
-    if on_cpu and options.compile and options.int8_head:
-        raise EagletError("--int8-draft-head does not go with --compile (torch.compile cannot trace the int8 "
-                          "head's packed weights); leave one of them out")
+    if on_cpu and options.compile and (options.int8_head or options.int8_layer):
+        flag = "--int8-draft-head" if options.int8_head else "--int8-draft-layer"
+        raise EagletError(f"{flag} does not go with --compile on a CPU (torch.compile cannot trace fbgemm's "
+                          "packed int8 weights); leave one of them out")
     int8_head = False if on_cpu and options.compile else options.int8_head
-    draft = load_engine_draft(path, target, options.draft_vocab, int8_head, options.extend_vocab)
+    draft = load_engine_draft(path, target, options.draft_vocab, int8_head, options.extend_vocab,
+                              options.int8_layer)
     return SpecEngine(target, draft, max_context,
                       *options.tree_flags, compile=options.compile, adaptive=options.policy,
                       compile_prefill=options.fused_prefill(target.model.embed.weight.device), **kw)

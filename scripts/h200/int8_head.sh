@@ -7,7 +7,6 @@
 # With the GGUF staged (/tmp/smol.gguf, as for every plan) ACCEPT=1 also benches the shipped draft's accept length
 # both ways (eager 6,8,48, the policy off, 20 x 128 a set) and prints pick.py's verdict.
 export PYTHONPATH=$PWD:/tmp/site
-E="python3 -m eaglet.cli"
 # Run as a plan (from start.sh's copy of the tree), the results go where watch.sh collects them.
 [ "$PWD" = /tmp/eg/repo ] && OUT=/tmp/eg/res
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -22,13 +21,6 @@ done
 echo "### tests $(date +%T)"
 timeout 240 python3 -m pytest -q tests/models/test_int8_matmul.py tests/speculative/test_cuda_engine.py 2>&1 | tail -4
 if [ "$ACCEPT" = 1 ] && [ -f /tmp/smol.gguf ]; then
-  for h in --no-int8-draft-head --int8-draft-head; do
-    echo "### accept $h $(date +%T)"
-    $E bench --target /tmp/smol.gguf --prompts builtin,eaglet/data/corpus/other_prompts.jsonl --limit 20 \
-      --max-new-tokens 128 --methods spec --num-steps 6 --tree-topk 8 --num-draft-tokens 48 --policy off \
-      --no-compile --no-compile-prefill $h --out "/tmp/runs/accept$h" 2>&1 | tail -4
-    cp "/tmp/runs/accept$h/report.json" "$OUT/accept$h.json"
-  done
-  python3 scripts/h200/pick.py "$OUT/accept--int8-draft-head.json" "$OUT/accept--no-int8-draft-head.json"
+  bash scripts/h200/accept_ab.sh "$OUT" int8 --int8-draft-head bf16 --no-int8-draft-head
 fi
 echo "### end $(date +%T)"

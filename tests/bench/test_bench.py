@@ -266,13 +266,19 @@ def test_a_cpu_serves_a_related_draft_head_over_the_whole_vocabulary(chat_model_
     assert "give one of them" in capsys.readouterr().err
 
 def test_an_int8_draft_head_is_refused_where_it_cannot_run(chat_model_dir, draft_dir, capsys):
-    """--int8-draft-head with --compile, or with a target in bfloat16: one sentence and exit status 2."""
+    """--int8-draft-head or --int8-draft-layer with --compile, or with a target in bfloat16: one sentence and exit
+    status 2."""
     common = ["generate", "--target", str(chat_model_dir), "--draft", str(draft_dir), "--prompt", "hi",
               "--max-new-tokens", "2", "--int8-draft-head"]
     assert main([*common, "--compile"]) == 2
     assert "does not go with --compile" in capsys.readouterr().err
     assert main([*common, "--dtype", "bfloat16"]) == 2
     assert "needs a float32 target on an x86 CPU" in capsys.readouterr().err
+    layer = [*common[:-1], "--int8-draft-layer"]  # the layer alone, the head as the device serves it
+    assert main([*layer, "--compile"]) == 2
+    assert "--int8-draft-layer does not go with --compile" in capsys.readouterr().err
+    assert main([*layer, "--dtype", "bfloat16"]) == 2
+    assert "an int8 draft layer needs a float32 target" in capsys.readouterr().err
 
 
 def test_every_prompt_shape_is_warm_before_timing(chat_model_dir, draft_dir, prompts_file, tmp_path, monkeypatch):

@@ -1,4 +1,6 @@
-"""``Int8Linear``: a draft's LM head served in int8 on an x86 CPU; greedy outputs stay plain decoding's."""
+"""``Int8Linear``: a draft's LM head (and layer) served in int8 on an x86 CPU; greedy outputs stay plain decoding's."""
+
+import copy
 
 import pytest
 import torch
@@ -46,18 +48,46 @@ def test_served_drafts_take_an_int8_head_on_a_float32_cpu_target_and_refuse_it_e
         load(int8_head=True)
 
 
-def test_speculative_greedy_output_with_an_int8_head_equals_plain(tmp_path, monkeypatch):
-    """The head only proposes: whatever it proposes, the target's verification keeps plain decoding's tokens."""
+def speculation_keeps_plain_output(target, draft) -> int:
+    """Greedy speculation with ``draft`` gives plain decoding's tokens; returns its longest accept length."""
     from eaglet.generate import PlainGenerator
     from eaglet.sampling import SamplingParams
     from eaglet.speculative import SpecEngine
 
-    target, load = served(tmp_path, monkeypatch)
-    draft = load()
-    assert isinstance(draft.lm_head, Int8Linear)
     prompts = [[1, 5, 9, 2], [7, 3, 3, 8, 11, 4]]
     params = SamplingParams(max_new_tokens=32)
     plain = PlainGenerator(target, 128).generate(prompts, params)
     spec = SpecEngine(target, draft, 128, 3, 2, 5, adaptive=False).generate(prompts, params)
     assert [c.tokens for c in spec] == [c.tokens for c in plain]
-    assert max(n for c in spec for n in c.accept_lengths) > 1  # the int8 head's proposals were taken
+    return max(n for c in spec for n in c.accept_lengths)
+
+
+def test_speculative_greedy_output_with_an_int8_head_equals_plain(tmp_path, monkeypatch):
+    """The head only proposes: whatever it proposes, the target's verification keeps plain decoding's tokens."""
+    target, load = served(tmp_path, monkeypatch)
+    draft = load()
+    assert isinstance(draft.lm_head, Int8Linear)
+    assert speculation_keeps_plain_output(target, draft) > 1  # the int8 head's proposals were taken
+
+
+def test_an_int8_layer_stays_near_the_float_one_and_speculation_keeps_plain_output(tmp_path, monkeypatch):
+    """``int8_layer``: fc and the layer's five projections in int8 beside the head; the draft's output moves by
+    rounding (not by float32's 1e-6), and the target's verification still keeps plain decoding's tokens."""
+    from tests.speculative.conftest import random_draft
+    from tests.speculative.test_fused_draft import _cached_forward
+
+    target, load = served(tmp_path, monkeypatch)
+    ref = random_draft(target, seed=4).fuse_projections()  # every projection non-zero, unlike the echo draft's
+    quantized = copy.deepcopy(ref).int8_projections(Int8Linear)
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    got, want = _cached_forward(quantized, target, ids), _cached_forward(ref, target, ids)
+    err = (got - want).abs().max() / want.abs().max()
+    assert 1e-6 < err < 0.05, err
+    draft = load(int8_layer=True)
+    attn, mlp = draft.midlayer.self_attn, draft.midlayer.mlp
+    assert all(isinstance(m, Int8Linear) for m in (draft.fc, attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj))
+    assert not isinstance(load().fc, Int8Linear)
+    assert speculation_keeps_plain_output(target, draft) > 1  # the int8 draft's proposals were taken
+    target.model.to(torch.bfloat16)
+    with pytest.raises(EagletError, match="an int8 draft layer needs a float32 target"):
+        load(int8_head=False, int8_layer=True)

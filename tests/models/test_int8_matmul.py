@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eaglet.models.int8_linear import quantize_rows
-from eaglet.models.int8_matmul import launch
+from eaglet.models.int8_matmul import launch, split_k
 from tests.conftest import TRITON_DEVICE
 
 DEVICE = TRITON_DEVICE
@@ -52,3 +52,29 @@ def test_a_strided_input_row_is_read_as_its_values():
     q, s = quantize_rows(torch.randn(200, 96))
     got = launch(x.to(DEVICE), q.to(DEVICE), s.to(DEVICE))
     torch.testing.assert_close(got.cpu(), x @ (q.float() * s[:, None]).T, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, n, k, splits", [
+    (8, 96, 1000, 3),  # a draft layer's rows; K's last split shorter and not a multiple of the tile
+    (1, 70, 512, 4),  # one row, N not a multiple of the tile
+    (20, 64, 300, 8),  # more splits asked than K's tiles: as many as there are
+])
+def test_a_split_input_sums_to_the_unsplit_product(m, n, k, splits):
+    g = torch.Generator().manual_seed(m + n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    q, s = quantize_rows(w)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x, q, s = x.to(DEVICE, dtype), q.to(DEVICE), s.to(DEVICE)
+    whole, split = launch(x, q, s, {"SPLIT": 1}), launch(x, q, s, {"SPLIT": splits})
+    tol = 1e-4 if dtype == torch.float32 else 2e-2 * whole.float().abs().max().item()
+    torch.testing.assert_close(split.float(), whole.float(), rtol=0, atol=tol)
+    torch.testing.assert_close(split.float(), x.float() @ (q.float() * s[:, None]).T, rtol=0, atol=tol)
+    assert torch.equal(launch(x, q, s, {"SPLIT": splits}), split), "the splits add in a fixed order"
+
+
+def test_the_input_is_split_only_where_column_blocks_are_too_few():
+    assert split_k(programs=500, k=4096, sms=132) == 1  # a Llama-3.1-8B-shaped head: 500 blocks of 64 columns
+    assert split_k(programs=64, k=14336, sms=132) == 5  # its down_proj: 64 blocks, 2 a multiprocessor wanted
+    assert split_k(programs=64, k=4096, sms=132) == 5
+    assert split_k(programs=9, k=1728, sms=132) == 3  # SmolLM2's fc: no split shorter than MIN_SPLIT_K
+    assert split_k(programs=9, k=300, sms=132) == 1

@@ -105,3 +105,16 @@ def test_graphed_greedy_with_an_int8_head_identical_to_plain(tmp_path):
     target, draft = _pair(tmp_path, vocab=2048)
     draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
     assert _tree_of_3_vs_plain(target, draft) > 1, "the int8 head's proposals should be taken"
+
+
+def test_graphed_greedy_with_an_int8_draft_identical_to_plain(tmp_path, monkeypatch):
+    """The whole draft (fc, the layer's projections, the head) through ``eaglet::int8_matmul`` inside the captured
+    iteration, the inputs split (MIN_SPLIT_K lowered to this tiny draft's sizes): plain decoding's tokens."""
+    from eaglet.models.int8_matmul import CudaInt8Linear
+
+    monkeypatch.setattr("eaglet.models.int8_matmul.MIN_SPLIT_K", 64)
+
+    target, draft = _pair(tmp_path, vocab=2048)
+    draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
+    draft.fuse_projections().int8_projections(CudaInt8Linear)
+    assert _tree_of_3_vs_plain(target, draft) > 1, "the int8 draft's proposals should be taken"

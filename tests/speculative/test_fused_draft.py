@@ -30,7 +30,7 @@ def test_fused_projections_match_separate_ones(target):
     want, got = _cached_forward(draft, target, ids), _cached_forward(fused, target, ids)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
-        fused.midlayer.mlp.gate_up.zero_()
+        fused.midlayer.mlp.gate_up.weight.zero_()
     assert not torch.allclose(_cached_forward(fused, target, ids), want, atol=1e-3), "the cache path reads the copy"
     assert set(fused.state_dict()) == set(draft.state_dict()), "checkpoints keep the separate projections"
 
@@ -38,8 +38,8 @@ def test_fused_projections_match_separate_ones(target):
 def test_training_path_ignores_the_fused_copy(target):
     draft = copy.deepcopy(random_draft(target, seed=5)).fuse_projections()
     with torch.no_grad():
-        draft.midlayer.self_attn.qkv.zero_()  # a stale copy must not reach the training forward
-        draft.midlayer.mlp.gate_up.zero_()
+        draft.midlayer.self_attn.qkv.weight.zero_()  # a stale copy must not reach the training forward
+        draft.midlayer.mlp.gate_up.weight.zero_()
     for p in draft.parameters():
         p.requires_grad_(True)
     ids = torch.tensor(prompts_of([6]))

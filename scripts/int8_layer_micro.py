@@ -1,0 +1,75 @@
+"""The draft's GEMMs alone, bf16 (cuBLAS) against int8 (``eaglet::int8_matmul``), in microseconds a call.
+
+    PYTHONPATH=. python scripts/int8_layer_micro.py --shape llama3-8b --rows 1 8
+
+For a target shape of ``scripts/bench_decode.py`` the draft's six weights as served (``fc`` over three captured
+points, the fused q/k/v over the layer's 2H input, ``o_proj``, the fused gate/up, ``down_proj``, the head over
+``--draft-vocab`` tokens), each at the rows a draft step runs (1: a chain or a tree's first step; 8: a 6,8,48
+tree's later steps). Columns: cuBLAS bf16, then int8 with each of ``VARIANTS`` (``split`` 0: ``split_k``'s
+choice). "cold": the L2 flushed before each call (``head_micro.timed``), as where a step's weights come from HBM;
+the last row sums a draft step. A 6,8,48 iteration runs the layer 6 times and the head 6 times.
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from eaglet.models.int8_linear import quantize_rows
+from eaglet.models.int8_matmul import launch
+from scripts.bench_decode import SHAPES
+from scripts.head_micro import timed
+from scripts.kernel_micro import graph_us
+
+VARIANTS = [{"SPLIT": 1}, {"SPLIT": 0}, {"SPLIT": 0, "BK": 128, "num_stages": 2},
+            {"SPLIT": 0, "BN": 32, "BK": 128, "num_warps": 2, "num_stages": 3}]
+
+
+def gemms(shape: str, draft_vocab: int) -> list[tuple[str, int, int]]:
+    """(name, N, K) of the draft's weights [N, K] for a target of ``shape``."""
+    c = SHAPES[shape]
+    h, i, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    return [("fc", h, 3 * h), ("qkv", (c["num_heads"] + 2 * c["num_kv_heads"]) * d, 2 * h),
+            ("o", h, c["num_heads"] * d), ("gate_up", 2 * i, h), ("down", h, i), ("head", draft_vocab, h)]
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--draft-vocab", type=int, default=32000)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    buf = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush_us = graph_us(buf.zero_)
+    names = " ".join(f"{'int8 ' + str(i):>8}" for i in range(len(VARIANTS)))
+    print(f"{'gemm':>8} {'N x K':>13} {'rows':>4} {'cache':>5} {'bf16':>8} {names}  (us a call)", flush=True)
+    for m in a.rows:
+        totals = {"L2": [0.0] * (len(VARIANTS) + 1), "cold": [0.0] * (len(VARIANTS) + 1)}
+        for name, n, k in gemms(a.shape, a.draft_vocab):
+            w = torch.randn(n, k, device=dev, dtype=bf) * 0.02
+            q, s = quantize_rows(w)
+            x = torch.randn(m, k, device=dev, dtype=bf)
+            ref = x.float() @ (q.float() * s[:, None]).T
+            for v in VARIANTS:  # each variant must give the product before it is timed
+                err = (launch(x, q, s, v).float() - ref).abs().max().item()
+                assert err < 0.02 * ref.abs().max().item(), (name, v, err)
+            for cache, flush in (("L2", None), ("cold", buf)):
+                row = [timed(partial(F.linear, x, w), flush, flush_us)]
+                row += [timed(partial(launch, x, q, s, v), flush, flush_us) for v in VARIANTS]
+                totals[cache] = [t + u for t, u in zip(totals[cache], row)]
+                print(f"{name:>8} {f'{n}x{k}':>13} {m:>4} {cache:>5} " + " ".join(f"{u:8.2f}" for u in row),
+                      flush=True)
+        for cache, row in totals.items():
+            print(f"{'step':>8} {'(sum)':>13} {m:>4} {cache:>5} " + " ".join(f"{u:8.2f}" for u in row), flush=True)
+    for i, v in enumerate(VARIANTS):
+        print(f"int8 {i}: {v} (split 0: split_k's choice)")
+
+
+if __name__ == "__main__":
+    main()
