@@ -236,7 +236,8 @@ class Eagle3Draft(nn.Module):
         """For serving, after ``fuse_projections``: ``fc``, the fused q/k/v, ``o_proj``, the fused gate/up and
         ``down_proj`` replaced by ``make(weight)``, an int8 copy (``Int8Linear``, ``CudaInt8Linear``). On a
         bandwidth-bound GPU a draft step's cost is reading these weights (and the head's): a 6,8,48 iteration of
-        a Llama-3.1-8B-shaped draft reads its 243M-parameter layer six times. Training never reads them."""
+        a Llama-3.1-8B-shaped draft reads its 243M-parameter layer six times. Serving copies only: a draft so
+        served is never trained (its training path would read the int8 fc, o_proj and down_proj)."""
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
         if attn.qkv is None or mlp.gate_up is None:
             raise EagletError("int8 projections serve the fused draft: call fuse_projections first")

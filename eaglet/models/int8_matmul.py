@@ -112,11 +112,11 @@ def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict 
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # float32 stays float32 (bf16 ignores it)
     tile = {"BM": bm, "BN": c["BN"], "BK": c["BK"], "PRECISION": precision, "num_warps": c["num_warps"],
             "num_stages": c["num_stages"]}
+    ks = triton.cdiv(triton.cdiv(k, splits), c["BK"]) * c["BK"]  # each split a whole number of BK steps
+    splits = triton.cdiv(k, ks)  # no empty split where K has fewer BK steps than splits asked
     if splits == 1:
         _int8_matmul[grid](x, w, scales, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), **tile)
         return y
-    ks = triton.cdiv(triton.cdiv(k, splits), c["BK"]) * c["BK"]  # each split a whole number of BK steps
-    splits = triton.cdiv(k, ks)
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [S, M, N]
     _int8_matmul_split[(*grid, splits)](x, w, part, m, n, k, ks, x.stride(0), w.stride(0), **tile)
     _sum_splits[(triton.cdiv(m * n, 1024),)](part, scales, y, m, n, y.stride(0), SPLITS=splits, BLOCK=1024)
