@@ -25,7 +25,8 @@ from scripts.head_micro import timed
 from scripts.kernel_micro import graph_us
 
 VARIANTS = [{"SPLIT": 1}, {"SPLIT": 0}, {"SPLIT": 0, "BK": 128, "num_stages": 2},
-            {"SPLIT": 0, "BN": 32, "BK": 128, "num_warps": 2, "num_stages": 3}]
+            {"SPLIT": 0, "BN": 32, "BK": 128, "num_warps": 2, "num_stages": 3},
+            {"SPLIT": 0, "BK": 256, "num_warps": 8, "num_stages": 2}, {"SPLIT": 0, "BN": 128, "num_warps": 8}]
 
 
 def gemms(shape: str, draft_vocab: int) -> list[tuple[str, int, int]]:
