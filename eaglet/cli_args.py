@@ -60,17 +60,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "prompt on an H200 for ~20-40 s more at start (default: on with CUDA graphs, off in "
                         "generate; docs/performance.md)")
     add_head_options(p)
-    p.add_argument("--int8-draft-layer", action="store_true",
-                   help="serve the draft's fc and decoder layer in int8 as well (the head: --int8-draft-head), "
-                        "halving the weight a draft step reads: fbgemm's on an x86 CPU with a float32 target (not "
-                        "with --compile), a Triton GEMM on CUDA; off by default (docs/speculative.md)")
     p.add_argument("--policy", choices=("auto", "off"), default="auto",
                    help="'auto': measure costs and acceptance, step down to smaller trees or plain decoding "
                         "when speculation is slower; 'off': keep the tree whatever it costs")
 
 
 def add_head_options(p: argparse.ArgumentParser) -> None:
-    """How the draft's LM head is served (the engine's options; the doctor checks them)."""
+    """How the draft's LM head and layer are served (the engine's options; the doctor checks them)."""
     p.add_argument("--draft-vocab", type=integer(1), default=None, metavar="N",
                    help="serve the draft with the N most frequent tokens of its vocabulary (drafts eaglet trained "
                         "since 2026-12-02 list it by frequency; default: all, and 12288 on a CPU whose draft LM head "
@@ -79,6 +75,10 @@ def add_head_options(p: argparse.ArgumentParser) -> None:
                    help="serve the draft's LM head in int8: fbgemm's on an x86 CPU with a float32 target, where "
                         "the head is most of a draft step (default: there, unless --compile), a Triton GEMM on "
                         "CUDA (default: off; docs/speculative.md)")
+    p.add_argument("--int8-draft-layer", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the draft's fc and decoder layer in int8 as well, halving the weight a draft step "
+                        "reads: fbgemm's on an x86 CPU with a float32 target (default: there, with the head in "
+                        "int8), a Triton GEMM on CUDA (default: off; docs/speculative.md)")
     p.add_argument("--extend-draft-vocab", action=argparse.BooleanOptionalAction, default=None,
                    help="serve the draft's LM head over the target's whole vocabulary, the tokens it was not "
                         "trained on given rows mapped from the target's LM head (default: on a CPU that serves "

@@ -108,7 +108,7 @@ def doctor(a: Namespace) -> DoctorConfig:
                         max_new_tokens=a.max_new_tokens, features=a.features, tp=a.tp, num_steps=a.num_steps,
                         topk=a.topk, num_draft_tokens=a.num_draft_tokens, temperature=a.temperature,
                         top_p=a.top_p, top_k=a.top_k, draft_vocab=a.draft_vocab, int8_head=a.int8_draft_head,
-                        extend_vocab=a.extend_draft_vocab,
+                        extend_vocab=a.extend_draft_vocab, int8_layer=a.int8_draft_layer,
                         max_context=t.max_context, device=t.device, dtype=t.dtype, json=a.json)
 
 

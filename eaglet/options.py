@@ -138,7 +138,7 @@ class EngineOptions:
     draft_vocab: int | None = None  # a frequency-ordered draft's N most frequent tokens; None: load_engine_draft's
     int8_head: bool | None = None  # the draft's LM head in int8 (x86 CPU: float32, eager; CUDA); None: the device's
     extend_vocab: bool | None = None  # the draft's head over the target's whole vocabulary; None: load's EXTEND_ON
-    int8_layer: bool = False  # the draft's fc and decoder-layer projections in int8 too (where int8_head can be)
+    int8_layer: bool | None = None  # the draft's fc and layer in int8 too (where int8_head can be); None: load's
 
     def fused_prefill(self, device: torch.device) -> bool:
         """Whether the engines on ``device`` fuse their prefill buckets: --compile-prefill as given, else on CUDA."""

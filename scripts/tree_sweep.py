@@ -4,14 +4,14 @@
 
 A tree may name how its draft's LM head is served: ``5,2,8:float@12288`` (float32, cut to the 12,288 most frequent
 tokens), ``5,2,8:int8`` (int8, the whole vocabulary); without either, as ``bench`` serves it (``--draft-vocab``,
-then the device's default). ``+layer`` after the head also serves the draft's fc and layer in int8
-(``--int8-draft-layer``): ``5,2,8:+layer``, ``5,2,8:int8+layer``. One process loads the target once and builds a
-PlainGenerator and one SpecEngine per tree (the policy off). After one untimed prompt through each, every prompt of
-``--prompts`` (each set limited as ``eaglet bench --limit`` spreads it over its kinds) runs through plain and every
-tree in a rotating order, so the machine's drift over minutes hits every method alike (on the 2-core CPU plain
-decoding drifts by 20-30% over a run). One JSON line per prompt (tokens, seconds, accept lengths per method) goes to
-``--out``; a table last: accept length and spec / plain per set, tok/s, outputs equal to plain's, and each tree's
-median per-prompt speed against the first tree.
+then the device's default). After the head, ``+layer`` serves the draft's fc and layer in int8
+(``--int8-draft-layer``) and ``+float-layer`` keeps them float: ``5,2,8:+float-layer``, ``5,2,8:int8+layer``. One
+process loads the target once and builds a PlainGenerator and one SpecEngine per tree (the policy off). After one
+untimed prompt through each, every prompt of ``--prompts`` (each set limited as ``eaglet bench --limit`` spreads it
+over its kinds) runs through plain and every tree in a rotating order, so the machine's drift over minutes hits
+every method alike (on the 2-core CPU plain decoding drifts by 20-30% over a run). One JSON line per prompt (tokens,
+seconds, accept lengths per method) goes to ``--out``; a table last: accept length and spec / plain per set, tok/s,
+outputs equal to plain's, and each tree's median per-prompt speed against the first tree.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--trees", nargs="+", default=["5,2,8", "6,2,10", "4,2,6"],
-                    help="num_steps,topk,num_draft_tokens[:[int8|float][+layer]][@draft vocabulary]")
+                    help="num_steps,topk,num_draft_tokens[:[int8|float][+layer|+float-layer]][@draft vocabulary]")
     ap.add_argument("--out", required=True, help="JSONL, one line per prompt")
     a = ap.parse_args()
 
@@ -61,7 +61,8 @@ def main() -> None:
         head, _, layer = head.partition("+")
         steps, topk, nodes = map(int, shape.split(","))
         draft = load_engine_draft(path, target, int(vocab) if vocab else a.draft_vocab,
-                                  {"int8": True, "float": False, "": None}[head], int8_layer=layer == "layer")
+                                  {"int8": True, "float": False, "": None}[head],
+                                  int8_layer={"layer": True, "float-layer": False, "": None}[layer])
         gens[tree] = SpecEngine(target, draft, opts.max_context, steps, topk, nodes, adaptive=False, compile=None,
                                 compile_prefill=prefill, log=lambda m: print(m, file=sys.stderr))
     methods = list(gens)

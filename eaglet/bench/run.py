@@ -151,7 +151,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "policy": cfg.engine.policy,
         "draft_vocab": generators["spec"].draft.config.draft_vocab_size if "spec" in generators else None,
         "int8_draft_head": isinstance(generators["spec"].draft.lm_head, INT8_HEADS) if "spec" in generators else None,
-        "int8_draft_layer": cfg.engine.int8_layer,
+        "int8_draft_layer": isinstance(generators["spec"].draft.fc, INT8_HEADS) if "spec" in generators else None,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),

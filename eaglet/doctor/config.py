@@ -32,9 +32,11 @@ class DoctorConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    draft_vocab: int | None = None  # the draft's head as served (check 5): load_engine_draft's vocab, int8_head
+    # The draft as served (check 5): load_engine_draft's vocab, int8_head, extend and int8_layer.
+    draft_vocab: int | None = None
     int8_head: bool | None = None
     extend_vocab: bool | None = None
+    int8_layer: bool | None = None
     max_context: int | None = None
     device: str = "cpu"
     dtype: str = "float32"

@@ -1,12 +1,14 @@
-"""Check 5's served head: does the draft's LM head as the engine serves it propose what the trained one does?
+"""Check 5's served draft: does the draft as the engine serves it propose what the trained one does?
 
 Serving may change the head the draft was trained with: a CPU serves it in int8 (``Int8Linear``) over the target's
 whole vocabulary (``extend_vocab``: rows for the tokens it lacks mapped from the target's head), or in float32 cut to
 the most frequent tokens (``keep_vocab``); a GPU in int8 on request (``CudaInt8Linear``); ``--draft-vocab`` /
-``--int8-draft-head`` / ``--extend-draft-vocab`` choose. The trunk is untouched, so the draft is
-unrolled once, teacher-forced as in training (``TTTLoss.unroll``), and both heads read each step's output at the
-answer anchors: how often each proposes the target's next token (acc_j, and the chain's predicted accept length
-from them) and how often the two heads propose the same token. A served head that loses more than ``TAU_DROP``
+``--int8-draft-head`` / ``--extend-draft-vocab`` choose. A CPU also serves ``fc`` and the layer in int8 by default
+(``--int8-draft-layer``, ``Eagle3Draft.int8_projections``). Each draft is unrolled teacher-forced as in training
+(``TTTLoss.unroll``; the served one once more only where its trunk differs, and then through its serving copies,
+which serve every forward autograd does not record), and each head reads its own draft's output of each step at
+the answer anchors: how often each proposes the target's next token (acc_j, and the chain's predicted accept
+length from them) and how often the two propose the same token. A served head that loses more than ``TAU_DROP``
 of the predicted accept length warns: the serving setting spends what training bought.
 """
 
@@ -26,7 +28,7 @@ TAU_DROP = 0.1
 
 @dataclass
 class HeadComparison:
-    served: str  # how the engine serves the head, e.g. "int8, the whole vocabulary (24,576 tokens)"
+    served: str  # how the engine serves it, e.g. "int8, the whole vocabulary (24,576 tokens); the layer in int8"
     same_as_trained: bool  # float, the whole vocabulary: nothing compared, the lists below empty
     acc_trained: list[float]  # per draft step, over answer anchors
     acc_served: list[float]
@@ -42,31 +44,40 @@ class HeadComparison:
         return predicted_accept_length(self.acc_served)
 
 
+def int8_trunk(served) -> bool:
+    """Whether ``fc`` and the layer are served in int8 (``int8_projections``)."""
+    return isinstance(served.fc, INT8_HEADS)
+
+
 def describe(trained, served) -> str:
-    kind = "int8" if isinstance(served.lm_head, INT8_HEADS) else str(served.fc.weight.dtype).removeprefix("torch.")
+    kind = "int8" if isinstance(served.lm_head, INT8_HEADS) else str(served.norm.weight.dtype).removeprefix("torch.")
+    layer = "; the layer in int8" if int8_trunk(served) else ""
     n, whole = served.config.draft_vocab_size, trained.config.draft_vocab_size
     if n > whole:  # extended (``extend_vocab``)
-        return f"{kind}, its {whole:,} tokens and {n - whole:,} mapped from the target's head (all {n:,})"
+        return f"{kind}, its {whole:,} tokens and {n - whole:,} mapped from the target's head (all {n:,}){layer}"
     if n == whole:
-        return f"{kind}, the whole vocabulary ({n:,} tokens)"
-    return f"{kind}, {n:,} of its {whole:,} tokens"
+        return f"{kind}, the whole vocabulary ({n:,} tokens){layer}"
+    return f"{kind}, {n:,} of its {whole:,} tokens{layer}"
 
 
 @torch.inference_mode()
 def compare_heads(trained, served, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor,
                   steps: int) -> HeadComparison:
     """The trained draft against its serving copy ``served`` (``load_engine_draft``) over a ``steps`` chain."""
-    if not isinstance(served.lm_head, INT8_HEADS) and served.config.draft_vocab_size == trained.config.draft_vocab_size:
-        return HeadComparison(describe(trained, served), True, [], [], [], 0)  # the trained head: nothing to compare
+    same_head = (not isinstance(served.lm_head, INT8_HEADS)
+                 and served.config.draft_vocab_size == trained.config.draft_vocab_size)
+    if same_head and not int8_trunk(served):
+        return HeadComparison(describe(trained, served), True, [], [], [], 0)  # as trained: nothing to compare
+    outs = TTTLoss(trained, steps).unroll(aux, inp.emb)
+    served_outs = TTTLoss(served, steps).unroll(aux, inp.emb) if int8_trunk(served) else outs
     acc_t, acc_s, agree = [], [], []
     n0 = 0  # step 0's anchors
-    for j, out in enumerate(TTTLoss(trained, steps).unroll(aux, inp.emb)):
+    for j, (out, served_out) in enumerate(zip(outs, served_outs)):
         rows, cols = anchors(inp, prompt_lens, j).nonzero(as_tuple=True)
         n0 = n0 if j else rows.numel()
-        h = out[rows, cols]  # [n, H] step j's output at its anchors
         label = inp.target_top[rows, cols + j + 1]  # [n] the target's token step j proposes for
-        pt = trained.to_target_ids(trained.logits(h).argmax(-1))
-        ps = served.to_target_ids(served.logits(h).argmax(-1))
+        pt = trained.to_target_ids(trained.logits(out[rows, cols]).argmax(-1))  # [n] from step j's output [n, H]
+        ps = served.to_target_ids(served.logits(served_out[rows, cols]).argmax(-1))
         n = max(rows.numel(), 1)
         acc_t.append(int((pt == label).sum()) / n)
         acc_s.append(int((ps == label).sum()) / n)

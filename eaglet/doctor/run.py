@@ -78,7 +78,8 @@ def _draft_checks(target, draft, draft_path, spec: CaptureSpec, con, cfg: Doctor
     if not cfg.sampling.greedy:
         sampled = sampled_acceptance(draft, aux, inp, samples.prompt_lens, cfg.sampling)
     try:  # the head as the engine serves it (check 5)
-        served = load_engine_draft(draft_path, target, cfg.draft_vocab, cfg.int8_head, cfg.extend_vocab)
+        served = load_engine_draft(draft_path, target, cfg.draft_vocab, cfg.int8_head, cfg.extend_vocab,
+                                   cfg.int8_layer)
         head = compare_heads(draft, served, aux, inp, samples.prompt_lens, steps)
     except EagletError as e:
         head = e

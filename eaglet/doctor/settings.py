@@ -12,8 +12,8 @@
   plain steps as it has nodes, and no accept length pays it back.
 - ``num_steps`` beyond the steps the draft was trained to unroll (its config records
   them) is a warning: those steps never saw a training signal.
-- The draft's LM head as the engine serves it (int8 on a CPU, or cut to the most frequent
-  tokens; ``eaglet.doctor.head``) against the trained head: a predicted accept length more
+- The draft as the engine serves it (on a CPU its LM head, fc and layer in int8, or the head
+  cut to the most frequent tokens; ``eaglet.doctor.head``) against the trained draft: a predicted accept length more
   than ``TAU_DROP`` (0.1) lower warns; a serving setting the engine refuses fails.
 - Sampling: at temperature ``T > 0`` a draft token is accepted with probability
   ``sum_x min(p(x), q(x))`` (target ``p``, draft ``q``, both after temperature, top-k,
@@ -75,7 +75,7 @@ def sampled_acceptance(draft, aux: torch.Tensor, inp: StepInputs, prompt_lens: t
 
 
 def served_head(chk: Check, head: HeadComparison | EagletError | None, ev: dict) -> None:
-    """Check 5's lines on the draft's LM head as the engine serves it (``eaglet.doctor.head``)."""
+    """Check 5's lines on the draft as the engine serves it, head and layer (``eaglet.doctor.head``)."""
     if isinstance(head, EagletError):
         chk.flag(FAIL, str(head))
         return
@@ -88,14 +88,15 @@ def served_head(chk: Check, head: HeadComparison | EagletError | None, ev: dict)
     ev["head"] = {"served": head.served, "same_as_trained": False, "acc_trained": head.acc_trained,
                   "acc_served": head.acc_served, "same_top1": head.same_top1, "anchors": head.anchors,
                   "tau_trained": head.tau_trained, "tau_served": head.tau_served}
-    chk.lines.append(f"served head: {head.served}; step-0 proposal as trained at {head.same_top1[0]:.1%} "
-                     f"of {head.anchors} anchors")
+    chk.lines.append(f"served head: {head.served}")
+    chk.lines.append(f"served head: step-0 proposal as trained at {head.same_top1[0]:.1%} of {head.anchors} anchors")
     chk.lines.append(f"served head: predicted accept length {head.tau_served:.2f}, {head.tau_trained:.2f} as trained "
                      f"(chain of {len(head.acc_served)}, check 3's answers)")
     if head.tau_trained - head.tau_served > TAU_DROP:
-        chk.flag(WARN, f"served as {head.served}, the draft's head proposes the target's token less often than "
+        chk.flag(WARN, f"served as {head.served}, the draft proposes the target's token less often than "
                        f"as trained: predicted accept length {head.tau_served:.2f} against {head.tau_trained:.2f}; "
-                       "serve it otherwise (--draft-vocab, --int8-draft-head / --no-int8-draft-head)")
+                       "serve it otherwise (--draft-vocab, --int8-draft-head / --no-int8-draft-head, "
+                       "--no-int8-draft-layer)")
 
 
 def check_settings(target: Target, draft, cfg: DoctorConfig, shortest_prompt: int | None,

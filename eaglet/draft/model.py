@@ -115,7 +115,7 @@ class DraftAttention(nn.Module):
 
     def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
         b, t, _ = x.shape
-        if cache is not None and self.qkv is not None:
+        if self.qkv is not None and (cache is not None or not torch.is_grad_enabled()):
             q, k, v = self.qkv(x).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -217,7 +217,10 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rotary(meta.positions)
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
         h = hidden + layer.self_attn(x, cos, sin, meta, cache, past)
-        return h + layer.mlp(layer.post_attention_layernorm(h), fused=cache is not None)
+        # The serving copies (fuse_projections) serve every forward autograd does not record: the engine's, and the
+        # doctor's unroll of a served draft (check 5); training reads the separate projections.
+        serving = cache is not None or not torch.is_grad_enabled()
+        return h + layer.mlp(layer.post_attention_layernorm(h), fused=serving)
 
     def fuse_projections(self) -> Eagle3Draft:
         """For serving: q/k/v and gate/up as one matrix each, so a draft step runs two GEMMs where it
@@ -237,7 +240,7 @@ class Eagle3Draft(nn.Module):
         ``down_proj`` replaced by ``make(weight)``, an int8 copy (``Int8Linear``, ``CudaInt8Linear``). On a
         bandwidth-bound GPU a draft step's cost is reading these weights (and the head's): a 6,8,48 iteration of
         a Llama-3.1-8B-shaped draft reads its 243M-parameter layer six times. Serving copies only: a draft so
-        served is never trained (its training path would read the int8 fc, o_proj and down_proj)."""
+        served is never trained (a forward with gradients would still read the int8 fc, o_proj and down_proj)."""
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
         if attn.qkv is None or mlp.gate_up is None:
             raise EagletError("int8 projections serve the fused draft: call fuse_projections first")

@@ -30,6 +30,10 @@ EXTEND_ON = ("cpu",)
 # Whether a CUDA target serves the draft's head in int8 by default (``--int8-draft-head`` either way): off, since on
 # an H100 its 1.6% off SmolLM2's 6,8,48 iteration came with 0.03-0.07 less accepted a verify (session 37).
 CUDA_INT8_HEAD = False
+# Where the draft's fc and layer are served in int8 by default (``int8_layer``; with the head in int8): on the
+# 2-core CPU speculation ran 4-7% faster at the same accept length (session 52, docs/performance.md); on CUDA not yet
+# timed.
+INT8_LAYER_ON = ("cpu",)
 
 
 def default_draft_path(target_name: str) -> Path | None:
@@ -64,7 +68,7 @@ def resolve_draft(spec: str, target: Target) -> Path | None:
 
 
 def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8_head: bool | None = None,
-                      extend: bool | None = None, int8_layer: bool = False):
+                      extend: bool | None = None, int8_layer: bool | None = None):
     """The draft at ``path``, on the target's device and in its dtype, its projections fused for
     serving; a draft recorded for another target (hidden size, vocabulary, layers, tokenizer) is refused.
 
@@ -76,9 +80,7 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
     over the target's whole vocabulary, the rows the draft lacks mapped from the target's LM head
     (``Eagle3Draft.extend_vocab``); None: where the head is served in int8 over all its tokens on a device of
     EXTEND_ON. ``int8_layer``: also ``fc`` and the decoder layer's projections in int8 (``int8_projections``;
-    where an int8 head can be served). Off by default: on the 2-core CPU it made speculation 4-7% faster at the
-    same accept length (session 52), but ``eaglet doctor`` checks the served head over the trained trunk, so a
-    trunk served in int8 would go unchecked."""
+    where an int8 head can be served); None: where the head is served in int8 on a device of INT8_LAYER_ON."""
     from eaglet.draft.compat import load_draft_for
 
     p = target.model.embed.weight
@@ -89,6 +91,8 @@ def load_engine_draft(path: Path, target: Target, vocab: int | None = None, int8
         raise EagletError(f"an int8 draft {what} needs a float32 target on an x86 CPU (fbgemm's int8 GEMM) or a CUDA "
                           f"GPU with Triton; this one is {str(p.dtype).removeprefix('torch.')} on {p.device.type}")
     int8_head = (on_cpu or (on_cuda and CUDA_INT8_HEAD)) if int8_head is None else int8_head
+    if int8_layer is None:
+        int8_layer = bool(int8_head) and p.device.type in INT8_LAYER_ON
     if extend and vocab is not None:
         raise EagletError(f"--extend-draft-vocab serves the target's whole vocabulary and --draft-vocab {vocab} cuts "
                           "the draft's: give one of them")
@@ -118,16 +122,15 @@ def spec_engine(target: Target, path: Path, max_context: int | None, options: En
     from eaglet.speculative import SpecEngine  # the package's name, looked up when called (tests wrap it)
 
     kw = {} if log is None else {"log": log}  # None: the engine's own notes on stderr
-    # A CPU's --compile traces the draft, and dynamo does not take fbgemm's packed weights: the head stays float32.
-    # (CUDA's int8 head is an operator that compiles.)
+    # A CPU's --compile traces the draft, and dynamo does not take fbgemm's packed weights: the head and the layer
+    # stay float32. (CUDA's int8 GEMM is an operator that compiles.)
     on_cpu = target.model.embed.weight.device.type == "cpu"
     if on_cpu and options.compile and (options.int8_head or options.int8_layer):
         flag = "--int8-draft-head" if options.int8_head else "--int8-draft-layer"
         raise EagletError(f"{flag} does not go with --compile on a CPU (torch.compile cannot trace fbgemm's "
                           "packed int8 weights); leave one of them out")
-    int8_head = False if on_cpu and options.compile else options.int8_head
-    draft = load_engine_draft(path, target, options.draft_vocab, int8_head, options.extend_vocab,
-                              options.int8_layer)
+    int8_head, int8_layer = (False, False) if on_cpu and options.compile else (options.int8_head, options.int8_layer)
+    draft = load_engine_draft(path, target, options.draft_vocab, int8_head, options.extend_vocab, int8_layer)
     return SpecEngine(target, draft, max_context,
                       *options.tree_flags, compile=options.compile, adaptive=options.policy,
                       compile_prefill=options.fused_prefill(target.model.embed.weight.device), **kw)

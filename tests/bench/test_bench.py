@@ -229,6 +229,7 @@ def test_a_frequency_ordered_draft_serves_the_vocabulary_asked_or_the_devices_de
         config = json.loads((out / "report.json").read_text())["config"]
         served.append(config["draft_vocab"])
         assert config["int8_draft_head"] == ("--no-int8-draft-head" not in extra)
+        assert config["int8_draft_layer"] == config["int8_draft_head"]  # a CPU's layer follows its head
     assert main([*common, "--draft", str(draft_dir), "--out", str(tmp_path / "by-id")]) == 0  # served whole
     served.append(json.loads((tmp_path / "by-id" / "report.json").read_text())["config"]["draft_vocab"])
     assert served == [96, 40, 160, 160]

@@ -89,6 +89,7 @@ def test_a_correct_setup_passes_every_check(doctor_target_dir, trained_draft, do
     head = rep["checks"][4]["evidence"]["head"]  # served as a CPU serves it: int8 where fbgemm's GEMM exists
     if int8_gemm_available():
         assert head["served"].startswith("int8, the whole vocabulary") and not head["same_as_trained"], head
+        assert head["served"].endswith("; the layer in int8"), head  # its own unroll compared, not the trained one's
         assert head["same_top1"][0] > 0.9 and abs(head["tau_served"] - head["tau_trained"]) <= 0.1, head
         assert "served head: int8" in text
 

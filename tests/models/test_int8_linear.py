@@ -71,8 +71,9 @@ def test_speculative_greedy_output_with_an_int8_head_equals_plain(tmp_path, monk
 
 
 def test_an_int8_layer_stays_near_the_float_one_and_speculation_keeps_plain_output(tmp_path, monkeypatch):
-    """``int8_layer``: fc and the layer's five projections in int8 beside the head; the draft's output moves by
-    rounding (not by float32's 1e-6), and the target's verification still keeps plain decoding's tokens."""
+    """``int8_layer``: fc and the layer's five projections in int8 beside the head (a CPU's default with the head in
+    int8); the draft's output moves by rounding (not by float32's 1e-6), and the target's verification still keeps
+    plain decoding's tokens."""
     from tests.speculative.conftest import random_draft
     from tests.speculative.test_fused_draft import _cached_forward
 
@@ -83,10 +84,12 @@ def test_an_int8_layer_stays_near_the_float_one_and_speculation_keeps_plain_outp
     got, want = _cached_forward(quantized, target, ids), _cached_forward(ref, target, ids)
     err = (got - want).abs().max() / want.abs().max()
     assert 1e-6 < err < 0.05, err
-    draft = load(int8_layer=True)
+    draft = load()  # by default on a CPU that serves the head in int8
     attn, mlp = draft.midlayer.self_attn, draft.midlayer.mlp
     assert all(isinstance(m, Int8Linear) for m in (draft.fc, attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj))
-    assert not isinstance(load().fc, Int8Linear)
+    assert not isinstance(load(int8_layer=False).fc, Int8Linear) and not isinstance(load(int8_head=False).fc,
+                                                                                    Int8Linear)
+    assert isinstance(load(int8_head=False, int8_layer=True).fc, Int8Linear)
     assert speculation_keeps_plain_output(target, draft) > 1  # the int8 draft's proposals were taken
     target.model.to(torch.bfloat16)
     with pytest.raises(EagletError, match="an int8 draft layer needs a float32 target"):

@@ -52,6 +52,26 @@ def test_training_path_ignores_the_fused_copy(target):
     assert draft.midlayer.mlp.up_proj.weight.grad.abs().sum() > 0
 
 
+def test_a_forward_without_autograd_reads_the_serving_copies(target):
+    """The training path (``past``, no cache) reads the fused copies where autograd records nothing, as the
+    doctor's unroll of a served draft does (check 5), and the separate projections where it records."""
+    draft = copy.deepcopy(random_draft(target, seed=7)).fuse_projections()
+    ids = torch.tensor(prompts_of([6]))
+    h = torch.randn(1, 6, draft.config.hidden_size)
+    mask = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
+    pos = torch.arange(6).unsqueeze(0)
+
+    def forward():
+        return draft(h, target.model.embed(ids), AttnMeta(pos, pos, mask=mask), past=[])
+
+    with torch.no_grad():
+        before = forward()
+        draft.midlayer.mlp.gate_up.weight.zero_()
+        assert not torch.allclose(forward(), before, atol=1e-3), "without autograd the copy serves"
+    with torch.enable_grad():
+        assert torch.allclose(forward(), before, atol=1e-5), "with autograd the separate projections serve"
+
+
 def test_engine_with_fused_draft_equals_plain_and_unfused(target):
     draft = random_draft(target, seed=6, scale=4.0)
     prompts = prompts_of([7, 12, 3])
