@@ -31,8 +31,8 @@ EXTEND_ON = ("cpu",)
 # an H100 its 1.6% off SmolLM2's 6,8,48 iteration came with 0.03-0.07 less accepted a verify (session 37).
 CUDA_INT8_HEAD = False
 # Where the draft's fc and layer are served in int8 by default (``int8_layer``; with the head in int8): on the
-# 2-core CPU speculation ran 4-7% faster at the same accept length (session 52, docs/performance.md); on CUDA not yet
-# timed.
+# 2-core CPU speculation ran 4-7% faster, the accept length 0.00-0.03 lower (session 52, docs/performance.md); on
+# CUDA not yet timed.
 INT8_LAYER_ON = ("cpu",)
 
 
