@@ -22,32 +22,17 @@ import torch
 from torch import nn
 
 from eaglet.models.int8_linear import quantize_rows
-from eaglet.models.slot_moves import HAS_TRITON
+from eaglet.models.slot_moves import HAS_TRITON, sm_count
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _int8_matmul(X, W, S, Y, M, N, K, sx, sw, sy, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     PRECISION: tl.constexpr):
-        rm = tl.program_id(1) * BM + tl.arange(0, BM)
-        rn = tl.program_id(0) * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + rk
-            x = tl.load(X + rm[:, None] * sx + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-            w = tl.load(W + rn[None, :] * sw + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
-            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=PRECISION)  # [BM, BK] @ [BK, BN]
-        s = tl.load(S + rn, mask=rn < N, other=0.0)
-        tl.store(Y + rm[:, None] * sy + rn[None, :], (acc * s[None, :]).to(Y.dtype.element_ty),
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    @triton.jit
-    def _int8_matmul_split(X, W, P, M, N, K, KS, sx, sw, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                           PRECISION: tl.constexpr):
-        # Program (n, m, s) sums input indices [s*KS, (s+1)*KS) into the float32 partial P[s] [M, N].
+    def _int8_matmul(X, W, S, Y, M, N, K, KS, sx, sw, sy, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     PRECISION: tl.constexpr, PARTIAL: tl.constexpr):
+        # Program (n, m, s) sums input indices [s*KS, (s+1)*KS) (one split: KS = K): scaled into Y [M, N], or
+        # (PARTIAL) unscaled into the float32 partial Y[s] [M, N] that _sum_splits adds.
         rm = tl.program_id(1) * BM + tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
         split = tl.program_id(2)
@@ -58,8 +43,13 @@ if HAS_TRITON:
             kk = k0 + rk
             x = tl.load(X + rm[:, None] * sx + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < end), other=0.0)
             w = tl.load(W + rn[None, :] * sw + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < end), other=0)
-            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=PRECISION)
-        tl.store(P + split * M * N + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+            acc = tl.dot(x, w.to(x.dtype), acc, input_precision=PRECISION)  # [BM, BK] @ [BK, BN]
+        live = (rm[:, None] < M) & (rn[None, :] < N)
+        if PARTIAL:
+            tl.store(Y + split * M * N + rm[:, None] * N + rn[None, :], acc, mask=live)
+        else:
+            s = tl.load(S + rn, mask=rn < N, other=0.0)
+            tl.store(Y + rm[:, None] * sy + rn[None, :], (acc * s[None, :]).to(Y.dtype.element_ty), mask=live)
 
     @triton.jit
     def _sum_splits(P, S, Y, M, N, sy, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
@@ -79,22 +69,12 @@ CONFIG = {"BN": 64, "BK": 64, "num_warps": 4, "num_stages": 3}
 # each split at least MIN_SPLIT_K long (a guess from the occupancy a streaming kernel needs; untimed on a GPU yet).
 SPLIT_WAVES = 2
 MIN_SPLIT_K = 512
-_SMS: dict[int, int] = {}
 
 
 def split_k(programs: int, k: int, sms: int) -> int:
     """How many ways to split an input of ``k`` among ``programs`` column blocks on ``sms`` multiprocessors."""
     want = -(-SPLIT_WAVES * sms // programs)  # ceil
     return max(1, min(want, k // MIN_SPLIT_K))
-
-
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1  # Triton's interpreter: nothing to fill (tests pass ``config["SPLIT"]``)
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _SMS:
-        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SMS[i]
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict | None = None) -> torch.Tensor:
@@ -108,17 +88,19 @@ def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict 
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm = max(16, min(64, triton.next_power_of_2(m)))
     grid = (triton.cdiv(n, c["BN"]), triton.cdiv(m, bm))
-    splits = c.get("SPLIT") or split_k(grid[0] * grid[1], k, _multiprocessors(x.device))
+    sms = sm_count(x.device.index or 0) if x.is_cuda else 1  # Triton's interpreter: tests pass config["SPLIT"]
+    splits = c.get("SPLIT") or split_k(grid[0] * grid[1], k, sms)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # float32 stays float32 (bf16 ignores it)
     tile = {"BM": bm, "BN": c["BN"], "BK": c["BK"], "PRECISION": precision, "num_warps": c["num_warps"],
             "num_stages": c["num_stages"]}
     ks = triton.cdiv(triton.cdiv(k, splits), c["BK"]) * c["BK"]  # each split a whole number of BK steps
     splits = triton.cdiv(k, ks)  # no empty split where K has fewer BK steps than splits asked
     if splits == 1:
-        _int8_matmul[grid](x, w, scales, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), **tile)
+        _int8_matmul[(*grid, 1)](x, w, scales, y, m, n, k, k, x.stride(0), w.stride(0), y.stride(0), **tile,
+                                 PARTIAL=False)
         return y
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)  # [S, M, N]
-    _int8_matmul_split[(*grid, splits)](x, w, part, m, n, k, ks, x.stride(0), w.stride(0), **tile)
+    _int8_matmul[(*grid, splits)](x, w, scales, part, m, n, k, ks, x.stride(0), w.stride(0), n, **tile, PARTIAL=True)
     _sum_splits[(triton.cdiv(m * n, 1024),)](part, scales, y, m, n, y.stride(0), SPLITS=splits, BLOCK=1024)
     return y
 

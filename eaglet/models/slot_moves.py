@@ -16,11 +16,19 @@ without Triton, it moves cache by cache.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # for every kernel of eaglet
+
+
+@functools.cache
+def sm_count(device: int) -> int:
+    """The multiprocessors of CUDA device ``device``, for kernels that size their grids to fill them."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
 # Each cache list's address table, by the caches' addresses: built on the first move (warm-up, before a graph's
 # capture, where no host-to-device copy may run). Never dropped: a captured graph keeps reading its table's memory.
 _TABLES: dict[tuple[int, ...], torch.Tensor] = {}

@@ -13,12 +13,13 @@ tile is loaded once per group. Online softmax in float32 (FlashAttention's resca
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from eaglet.models.slot_moves import sm_count
 
 MAX_EXTRA = 128  # BLOCK_E is a compile-time block; larger appends (long prefills) use SDPA
 # The operator splits a launch of few programs (batch-1 decode: one per KV head) into up to MAX_SPLITS ranges of
@@ -164,11 +165,6 @@ def auto_splits(b: int, t: int, nq: int, nkv: int, sms: int, max_splits: int | N
     return max(1, min(MAX_SPLITS if max_splits is None else max_splits, sms // programs))
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 # An opaque operator to torch.compile, not a Triton kernel it traces into: a traced kernel is named in the
 # compiled graph by indices into a process-local side table, assigned in the order kernels are traced, and
 # the persistent compile cache missed in later processes that compiled in another order (docs/performance.md,
@@ -178,7 +174,7 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    extra: torch.Tensor) -> torch.Tensor:
     """q [B, T, nq, D]; k/v_cache [B, nkv, S, D]; lens [B]; extra [B, T, E] bool -> [B, T, nq, D]."""
     b, t, nq, _ = q.shape
-    splits = auto_splits(b, t, nq, k_cache.shape[1], _sm_count(q.device.index or 0))
+    splits = auto_splits(b, t, nq, k_cache.shape[1], sm_count(q.device.index or 0))
     return launch(q, k_cache, v_cache, lens, extra, splits)
 
 
