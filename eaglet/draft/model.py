@@ -113,9 +113,9 @@ class DraftAttention(nn.Module):
         self.qkv: nn.Module | None = None  # [2H -> (nq+2nkv)*D], set by fuse_projections
         self.ttt_fused = False  # training-time test through ttt_attention (TTTLoss sets it; --fused-ttt-attention)
 
-    def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None):
+    def forward(self, x, cos, sin, meta: AttnMeta, cache: KVCache | None, past: list | None, fused: bool = False):
         b, t, _ = x.shape
-        if self.qkv is not None and (cache is not None or not torch.is_grad_enabled()):
+        if fused and self.qkv is not None:
             q, k, v = self.qkv(x).split([self.n_q * self.d, self.n_kv * self.d, self.n_kv * self.d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -215,11 +215,11 @@ class Eagle3Draft(nn.Module):
         """hidden [B, T, H] (fused feature or previous step's output), emb [B, T, H] -> pre-norm out [B, T, H]."""
         layer = self.midlayer
         cos, sin = self.rotary(meta.positions)
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        h = hidden + layer.self_attn(x, cos, sin, meta, cache, past)
         # The serving copies (fuse_projections) serve every forward autograd does not record: the engine's, and the
         # doctor's unroll of a served draft (check 5); training reads the separate projections.
         serving = cache is not None or not torch.is_grad_enabled()
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        h = hidden + layer.self_attn(x, cos, sin, meta, cache, past, fused=serving)
         return h + layer.mlp(layer.post_attention_layernorm(h), fused=serving)
 
     def fuse_projections(self) -> Eagle3Draft:
