@@ -34,7 +34,7 @@ from eaglet.bench.report import build_report, table, write_json, write_png
 from eaglet.cuda_graph import COMPILES
 from eaglet.errors import EagletError
 from eaglet.options import BenchConfig, SamplingParams
-from eaglet.speculative.load import INT8_HEADS
+from eaglet.speculative.load import int8_served
 
 WARMUP_TOKENS = 16
 SHAPE_PASS_TOKENS = 2  # the prefill and the first step (a speculative iteration) of every batch
@@ -140,6 +140,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         log_(f"{m}: {tokens} tokens in {seconds:.1f} s ({tokens / seconds:.2f} tok/s)")
 
     texts = {m: [target.tokenizer.decode(r.tokens, skip_special_tokens=True) for r in rs] for m, rs in runs.items()}
+    int8_head, int8_layer = int8_served(generators["spec"].draft) if "spec" in generators else (None, None)
     config = {
         "target": t.target, "target_path": str(target.path), "draft": str(draft_path) if draft_path else None,
         "prompts": cfg.prompts, "num_prompts": len(ids), "prompt_sets": dict(Counter(p.set for p in prompts)),
@@ -150,8 +151,7 @@ def run_bench(cfg: BenchConfig, target=None) -> dict:
         "compile_engine": cfg.engine.compile, "compile_prefill": fused_prefill,
         "policy": cfg.engine.policy,
         "draft_vocab": generators["spec"].draft.config.draft_vocab_size if "spec" in generators else None,
-        "int8_draft_head": isinstance(generators["spec"].draft.lm_head, INT8_HEADS) if "spec" in generators else None,
-        "int8_draft_layer": isinstance(generators["spec"].draft.fc, INT8_HEADS) if "spec" in generators else None,
+        "int8_draft_head": int8_head, "int8_draft_layer": int8_layer,
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": _load(),

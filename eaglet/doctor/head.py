@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglet.doctor.samples import anchors
-from eaglet.speculative.load import INT8_HEADS
+from eaglet.speculative.load import int8_served
 from eaglet.train.inputs import StepInputs
 from eaglet.train.ttt import TTTLoss, predicted_accept_length
 
@@ -44,14 +44,10 @@ class HeadComparison:
         return predicted_accept_length(self.acc_served)
 
 
-def int8_trunk(served) -> bool:
-    """Whether ``fc`` and the layer are served in int8 (``int8_projections``)."""
-    return isinstance(served.fc, INT8_HEADS)
-
-
 def describe(trained, served) -> str:
-    kind = "int8" if isinstance(served.lm_head, INT8_HEADS) else str(served.norm.weight.dtype).removeprefix("torch.")
-    layer = "; the layer in int8" if int8_trunk(served) else ""
+    int8_head, int8_layer = int8_served(served)
+    kind = "int8" if int8_head else str(served.norm.weight.dtype).removeprefix("torch.")
+    layer = "; the layer in int8" if int8_layer else ""
     n, whole = served.config.draft_vocab_size, trained.config.draft_vocab_size
     if n > whole:  # extended (``extend_vocab``)
         return f"{kind}, its {whole:,} tokens and {n - whole:,} mapped from the target's head (all {n:,}){layer}"
@@ -64,12 +60,11 @@ def describe(trained, served) -> str:
 def compare_heads(trained, served, aux: torch.Tensor, inp: StepInputs, prompt_lens: torch.Tensor,
                   steps: int) -> HeadComparison:
     """The trained draft against its serving copy ``served`` (``load_engine_draft``) over a ``steps`` chain."""
-    same_head = (not isinstance(served.lm_head, INT8_HEADS)
-                 and served.config.draft_vocab_size == trained.config.draft_vocab_size)
-    if same_head and not int8_trunk(served):
+    int8_head, int8_layer = int8_served(served)
+    if not (int8_head or int8_layer) and served.config.draft_vocab_size == trained.config.draft_vocab_size:
         return HeadComparison(describe(trained, served), True, [], [], [], 0)  # as trained: nothing to compare
     outs = TTTLoss(trained, steps).unroll(aux, inp.emb)
-    served_outs = TTTLoss(served, steps).unroll(aux, inp.emb) if int8_trunk(served) else outs
+    served_outs = TTTLoss(served, steps).unroll(aux, inp.emb) if int8_layer else outs
     acc_t, acc_s, agree = [], [], []
     n0 = 0  # step 0's anchors
     for j, (out, served_out) in enumerate(zip(outs, served_outs)):

@@ -21,8 +21,9 @@ DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 # plain steps against 1.71 with 12,288 (+15%), more than the 3% more accepted tokens are worth; served in int8
 # (the CPU's default, ``int8_head``) the whole head costs less than the cut float32 one (docs/performance.md).
 SERVE_VOCAB = {"cpu": 12288}
-# The draft's LM head as served in int8: fbgemm's on an x86 CPU, eaglet's Triton GEMM on CUDA.
-INT8_HEADS = (Int8Linear, CudaInt8Linear)
+# A draft's weight as served in int8 (its head, and its fc and layer with ``int8_layer``): fbgemm's on an x86 CPU,
+# eaglet's Triton GEMM on CUDA.
+INT8_LINEARS = (Int8Linear, CudaInt8Linear)
 # Where the draft's head is extended to the target's whole vocabulary by default (``extend_vocab``; with the head in
 # int8 and no --draft-vocab cut): on the 2-core CPU SmolLM2's 5,2,8 accepted 3.52 / 2.94 (bench / other prompts)
 # against 3.43 / 2.91 at the same speed (session 39, docs/performance.md); on CUDA not yet measured.
@@ -34,6 +35,11 @@ CUDA_INT8_HEAD = False
 # 2-core CPU speculation ran 4-7% faster, the accept length 0.00-0.03 lower (session 52, docs/performance.md); on
 # CUDA not yet timed.
 INT8_LAYER_ON = ("cpu",)
+
+
+def int8_served(draft) -> tuple[bool, bool]:
+    """(head, layer): whether a served draft's LM head, and its fc and layer (``int8_projections``), are in int8."""
+    return isinstance(draft.lm_head, INT8_LINEARS), isinstance(draft.fc, INT8_LINEARS)
 
 
 def default_draft_path(target_name: str) -> Path | None:
