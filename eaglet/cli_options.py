@@ -89,7 +89,7 @@ def train(a: Namespace) -> TrainOptions:
                       capture_points=a.capture, save_every=a.save_every,
                       val_every=a.val_every, seed=a.seed, autocast=False if a.no_autocast else None,
                       tensorboard=a.tensorboard, aux_norm=a.aux_norm, aux_noise=a.aux_noise,
-                      label_temperature=a.label_temperature,
+                      label_temperature=a.label_temperature, ttt_reach=a.ttt_reach,
                       earlier_turns=not a.target_turns_only, compile_loss=a.compile_loss,
                       fused_ttt_attention=a.fused_ttt_attention, feature_cache=a.feature_cache,
                       init_draft=None if a.init_draft in (None, "none") else a.init_draft)

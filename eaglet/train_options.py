@@ -45,6 +45,9 @@ class TrainConfig:
     # Training only: the labels are the target's distribution at this temperature (ttt.sharpen); below 1 the loss
     # weighs the target's argmax, what greedy verification accepts, more than its tail. 1: the distribution as is.
     label_temperature: float = 1.0
+    # Training only: TTT step j counts an anchor while the target's argmax was in the draft's top K at each earlier
+    # step (ttt.py); 0: every anchor, as EAGLE-3 trains.
+    ttt_reach: int = 0
     earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
     # The TTT loss's soft cross-entropy through torch.compile (ttt.fused_soft_ce), and the TTT attention without
     # its dense mask (draft/ttt_attention.py); None: on CUDA, where together they took the H200's step of
@@ -69,6 +72,7 @@ class TrainConfig:
                   (self.warmup_steps >= 0, "--warmup-steps must be >= 0"),
                   (self.aux_noise >= 0, "--aux-noise must be >= 0"),
                   (self.label_temperature > 0, "--label-temperature must be > 0"),
+                  (self.ttt_reach >= 0, "--ttt-reach must be >= 0"),
                   ((self.draft_intermediate_size or 1) >= 1, "--draft-intermediate-size must be >= 1"),
                   (self.max_steps is None or self.max_steps >= 1, "--max-steps must be >= 1"),
                   (self.save_every >= 1 and self.val_every >= 1, "--save-every and --val-every must be >= 1")]

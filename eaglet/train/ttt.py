@@ -12,7 +12,10 @@ For anchor position ``t`` and draft step ``j`` (0-based), exactly as the engine 
   positions where ``x_{t+j+2}`` is not an assistant token, lies outside the draft
   vocabulary, or lies beyond the sequence are masked.
 
-The loss is ``sum_j decay^j * CE_j`` (decay 0.8). ``acc_j`` is the fraction of unmasked
+The loss is ``sum_j decay^j * CE_j`` (decay 0.8). With ``reach`` K > 0 (``--ttt-reach``, training only) step ``j``
+counts an anchor only while the target's argmax was among the draft's top K at each of its steps before ``j``: a
+tree whose nodes branch K ways never reaches the other states, so their loss spends capacity serving cannot use
+(GRIFFIN's token-alignable training, arXiv 2502.11018, with EAGLE-3's unroll). ``acc_j`` is the fraction of unmasked
 positions where the draft's argmax (mapped to target ids) equals the target's argmax at
 ``t+j+1``. Inputs are the data tokens (teacher forcing), so ``acc_j`` is conditioned on
 ground-truth tokens; with self-distilled greedy data those are the target's own choices.
@@ -83,6 +86,12 @@ def soft_ce(logits: torch.Tensor, target_logp: torch.Tensor, at: torch.Tensor) -
     return -(target_logp[at].exp() * logp).sum(-1), logp.argmax(-1)
 
 
+def in_top_k(logits: torch.Tensor, label: torch.Tensor, k: int) -> torch.Tensor:
+    """logits [n, Vd], label [n] draft-vocabulary indices -> [n] bool: fewer than ``k`` logits exceed the label's
+    (the label is among the top ``k``, ties in its favour)."""
+    return (logits > logits.gather(1, label[:, None])).sum(-1) < k
+
+
 # A few fused kernels each way instead of eager's passes over [n, Vd] float32 in every TTT step (the cast,
 # the log-softmax, the labels' gather and exp, the product, the sum, the argmax, and their backward): on the
 # H200 a 16k-token step of SmolLM2's draft (vocabulary 24,576) spent at least ~20 of its 138 ms of kernels in
@@ -95,14 +104,17 @@ fused_soft_ce = torch.compile(soft_ce, dynamic=True)
 class TTTLoss(nn.Module):
     """The whole unroll as one module, so DDP sees a single forward per training step. ``compile_loss``: the
     soft cross-entropy through torch.compile (``fused_soft_ce``; --compile-loss); ``fused_attention``: the
-    draft's attention without the dense mask (``draft.ttt_attention``; --fused-ttt-attention)."""
+    draft's attention without the dense mask (``draft.ttt_attention``; --fused-ttt-attention); ``reach``: the
+    top-K mask of later steps (module docstring), applied where autograd records, so validation scores every
+    anchor as before."""
 
     def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8, compile_loss: bool = False,
-                 fused_attention: bool = False):
+                 fused_attention: bool = False, reach: int = 0):
         super().__init__()
         self.draft = draft
         self.steps = steps
         self.decay = decay
+        self.reach = reach
         self.soft_ce = fused_soft_ce if compile_loss else soft_ce
         for m in draft.modules():
             if isinstance(m, DraftAttention):
@@ -122,10 +134,18 @@ class TTTLoss(nn.Module):
         window = mask & (answer_index(mask) < SERVE_WINDOW)  # [B, T]
         loss = aux.new_zeros((), dtype=torch.float32)
         t, labels = ids.shape[1], target_logp.reshape(-1, target_logp.shape[-1])  # [B*T, Vd]
+        reach = self.reach if torch.is_grad_enabled() else 0
+        alive = torch.ones_like(label_ok)  # [B, T]: anchors whose chain a K-way tree still holds at step j
+        label_top = target_logp.argmax(-1).view(-1) if reach else None  # [B*T] the target's argmax, draft indices
         stats = []
         for j, out in enumerate(self.unroll(aux, emb)):
-            rows, cols = shift_left(label_ok, j + 2).nonzero(as_tuple=True)  # anchors with a label
-            ce, top = self.soft_ce(draft.logits(out[rows, cols]), labels, rows * t + cols + j + 1)  # [n] each
+            rows, cols = (shift_left(label_ok, j + 2) & alive).nonzero(as_tuple=True)  # anchors with a label
+            logits = draft.logits(out[rows, cols])  # [n, Vd]
+            at = rows * t + cols + j + 1
+            ce, top = self.soft_ce(logits, labels, at)  # [n] each
+            if reach:  # a chain whose label missed the top K, or had none, ends here
+                alive = torch.zeros_like(alive)
+                alive[rows, cols] = in_top_k(logits.detach(), label_top[at], reach)
             n = ce.numel()
             loss = loss + self.decay**j * ce.sum() / max(n, 1)
             with torch.no_grad():

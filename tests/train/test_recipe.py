@@ -94,6 +94,20 @@ def test_label_temperature_changes_training_not_validation(tiny_target, tmp_path
         TrainConfig(label_temperature=0)
 
 
+def test_reach_masks_training_loss_from_the_command_line(tiny_target, tmp_path):
+    """--ttt-reach reaches the trainer's loss: at step 1 (the same weights) the training loss differs from the
+    unmasked run's."""
+    train = token_data(tiny_target, 24, 35)
+    first = {}
+    for k in (0, 1):
+        out = tmp_path / f"k{k}"
+        out.mkdir()
+        Trainer(TrainConfig(max_steps=1, ttt_reach=k, **FAST), tiny_target, train, None, out).run()
+        rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        first[k] = next(r for r in rows if r["split"] == "train")
+    assert first[0]["loss"] != first[1]["loss"]
+
+
 def test_budget_split_rule():
     split = BudgetSplit(budget_s=1200, epochs=4, train_tokens_per_s=100_000)
     # 20 s, 2.5 s a million tokens (tokenizing), 2% of the budget

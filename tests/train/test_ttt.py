@@ -110,6 +110,48 @@ def test_labels_masks_and_accuracy(monkeypatch):
     assert loss.item() == pytest.approx(want_loss, rel=1e-4)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_reach_counts_only_anchors_a_k_way_tree_holds(k):
+    """--ttt-reach K: step j counts an anchor only if every earlier step had a label and ranked the target's argmax
+    among its top K; the loss averages over those anchors. Validation (no autograd) counts every anchor as before."""
+    steps, b, t_len = 3, 2, 12
+    d = _draft(vocab=20)
+    torch.manual_seed(3)
+    ids = torch.randint(0, 40, (b, t_len))
+    mask = torch.rand(b, t_len) > 0.2
+    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
+    target_logp = torch.randn(b, t_len, 20).log_softmax(-1)
+    target_top = torch.randint(0, 50, (b, t_len))
+    loss, stats = TTTLoss(d, steps, decay=0.5, reach=k)(aux, emb, ids, mask, target_logp, target_top)
+    with torch.no_grad():
+        outs = TTTLoss(d, steps).unroll(aux, emb)
+        _, every = TTTLoss(d, steps, decay=0.5, reach=k)(aux, emb, ids, mask, target_logp, target_top)
+        _, plain = TTTLoss(d, steps, decay=0.5)(aux, emb, ids, mask, target_logp, target_top)
+    torch.testing.assert_close(every, plain)
+
+    def label(bi, p):  # step's label at position p exists: an assistant token in the draft vocabulary
+        return p < t_len and bool(mask[bi, p]) and int(ids[bi, p]) % 2 == 0
+
+    want_loss, dropped = 0.0, 0
+    for j in range(steps):
+        ce, n = 0.0, 0
+        for bi in range(b):
+            for t in range(t_len - j - 2):
+                held = all(label(bi, t + i + 2) and int((d.logits(outs[i][bi, t]) > d.logits(outs[i][bi, t])[
+                    int(target_logp[bi, t + i + 1].argmax())]).sum()) < k for i in range(j))
+                if not label(bi, t + j + 2):
+                    continue
+                dropped += not held
+                if held:
+                    logits = d.logits(outs[j][bi, t]).detach()
+                    ce += float(-(target_logp[bi, t + j + 1].exp() * logits.log_softmax(-1)).sum())
+                    n += 1
+        assert int(stats[j, 2]) == n and float(stats[j, 0]) == pytest.approx(ce, rel=1e-4)
+        want_loss += 0.5**j * ce / max(n, 1)
+    assert dropped > 0  # the mask took anchors out
+    assert loss.item() == pytest.approx(want_loss, rel=1e-4)
+
+
 def test_accuracy_over_all_answer_tokens_counts_labels_outside_the_draft_vocabulary_as_misses():
     from eaglet.train.report import summarize
 
