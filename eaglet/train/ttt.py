@@ -13,9 +13,10 @@ For anchor position ``t`` and draft step ``j`` (0-based), exactly as the engine 
   vocabulary, or lies beyond the sequence are masked.
 
 The loss is ``sum_j decay^j * CE_j`` (decay 0.8). With ``reach`` K > 0 (``--ttt-reach``, training only) step ``j``
-counts an anchor only while the target's argmax was among the draft's top K at each of its steps before ``j``: a
-tree whose nodes branch K ways never reaches the other states, so their loss spends capacity serving cannot use
-(GRIFFIN's token-alignable training, arXiv 2502.11018, with EAGLE-3's unroll). ``acc_j`` is the fraction of unmasked
+counts an anchor only while each earlier step ``i`` had the token it predicts, ``x_{t+i+2}`` (the next step's input;
+in greedy data the target's argmax), among the draft's top K: a tree whose nodes branch K ways never holds the other
+chains, so their loss spends capacity on states serving never reaches (GRIFFIN's token-alignable training, arXiv
+2502.11018, with EAGLE-3's unroll). ``acc_j`` is the fraction of unmasked
 positions where the draft's argmax (mapped to target ids) equals the target's argmax at
 ``t+j+1``. Inputs are the data tokens (teacher forcing), so ``acc_j`` is conditioned on
 ground-truth tokens; with self-distilled greedy data those are the target's own choices.
@@ -136,16 +137,19 @@ class TTTLoss(nn.Module):
         t, labels = ids.shape[1], target_logp.reshape(-1, target_logp.shape[-1])  # [B*T, Vd]
         reach = self.reach if torch.is_grad_enabled() else 0
         alive = torch.ones_like(label_ok)  # [B, T]: anchors whose chain a K-way tree still holds at step j
-        label_top = target_logp.argmax(-1).view(-1) if reach else None  # [B*T] the target's argmax, draft indices
+        if reach:  # [B*T] each data token's draft index (where label_ok holds, it has one)
+            index = torch.zeros_like(draft.t2d, dtype=torch.long)  # [V]
+            index[draft.vocab_ids()] = torch.arange(draft.config.draft_vocab_size, device=index.device)
+            next_ids = index[ids].view(-1)
         stats = []
         for j, out in enumerate(self.unroll(aux, emb)):
             rows, cols = (shift_left(label_ok, j + 2) & alive).nonzero(as_tuple=True)  # anchors with a label
             logits = draft.logits(out[rows, cols])  # [n, Vd]
             at = rows * t + cols + j + 1
             ce, top = self.soft_ce(logits, labels, at)  # [n] each
-            if reach:  # a chain whose label missed the top K, or had none, ends here
+            if reach:  # a chain whose next token missed the top K, or had no label, ends here
                 alive = torch.zeros_like(alive)
-                alive[rows, cols] = in_top_k(logits.detach(), label_top[at], reach)
+                alive[rows, cols] = in_top_k(logits.detach(), next_ids[at + 1], reach)
             n = ce.numel()
             loss = loss + self.decay**j * ce.sum() / max(n, 1)
             with torch.no_grad():

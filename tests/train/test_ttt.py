@@ -112,8 +112,9 @@ def test_labels_masks_and_accuracy(monkeypatch):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_reach_counts_only_anchors_a_k_way_tree_holds(k):
-    """--ttt-reach K: step j counts an anchor only if every earlier step had a label and ranked the target's argmax
-    among its top K; the loss averages over those anchors. Validation (no autograd) counts every anchor as before."""
+    """--ttt-reach K: step j counts an anchor only if every earlier step i had a label and ranked the token it
+    predicts (x_{t+i+2}) among its top K; the loss averages over those anchors. Validation (no autograd) counts every
+    anchor as before."""
     steps, b, t_len = 3, 2, 12
     d = _draft(vocab=20)
     torch.manual_seed(3)
@@ -138,7 +139,7 @@ def test_reach_counts_only_anchors_a_k_way_tree_holds(k):
         for bi in range(b):
             for t in range(t_len - j - 2):
                 held = all(label(bi, t + i + 2) and int((d.logits(outs[i][bi, t]) > d.logits(outs[i][bi, t])[
-                    int(target_logp[bi, t + i + 1].argmax())]).sum()) < k for i in range(j))
+                    int(ids[bi, t + i + 2]) // 2]).sum()) < k for i in range(j))  # draft id i is target id 2i
                 if not label(bi, t + j + 2):
                     continue
                 dropped += not held
