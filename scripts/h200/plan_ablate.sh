@@ -10,7 +10,7 @@ S=${S:-/tmp/eg/res}; R=${R:-/tmp/runs/ablate}
 t0=$SECONDS
 stamp() { echo "### $(date +%T) +$((SECONDS - t0))s $*"; }
 nvidia-smi --query-gpu=name,memory.used --format=csv 2>/dev/null
-: "${VARIANTS:=chat,chat-label0.5,chat-label0.25}" "${REGEN_MIN:=3.5}" "${TRAIN_MIN:=3}"
+: "${VARIANTS:=chat,chat-reach2,chat-reach8}" "${REGEN_MIN:=3.5}" "${TRAIN_MIN:=3}"
 warm="--warm-up-steps 3"  # the first variant's command compiles the training step before its minutes start
 for v in ${VARIANTS//,/ }; do
   # One variant a command: the same regeneration (resumed from its files) and the variants finished before.
