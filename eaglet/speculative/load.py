@@ -32,8 +32,9 @@ EXTEND_ON = ("cpu",)
 # an H100 its 1.6% off SmolLM2's 6,8,48 iteration came with 0.03-0.07 less accepted a verify (session 37).
 CUDA_INT8_HEAD = False
 # Where the draft's fc and layer are served in int8 by default (``int8_layer``; with the head in int8): on the
-# 2-core CPU speculation ran 4-7% faster, the accept length 0.00-0.03 lower (session 52, docs/performance.md); on
-# CUDA not yet timed.
+# 2-core CPU speculation ran 4-7% faster, the accept length 0.00-0.03 lower (session 52, docs/performance.md). Not
+# on CUDA: on an H100 SmolLM2's 6,8,48 iteration gained nothing (1.50 -> 1.53 plain steps), a Llama-3.1-8B-shaped
+# draft's 1.40 -> 1.28 (session 53), which a large draft asks for with --int8-draft-head --int8-draft-layer.
 INT8_LAYER_ON = ("cpu",)
 
 

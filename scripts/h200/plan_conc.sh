@@ -1,5 +1,5 @@
 #!/bin/bash
-# A device plan (after stage.sh 1..13 and wheels.sh install: `bash scripts/h200/start.sh 300 plan_conc.sh`, ~9
+# A device plan (after stage.sh 1..16 and wheels.sh install: `bash scripts/h200/start.sh 300 plan_conc.sh`, ~9
 # minutes): issue 13's "speculation never slower than no speculation at any concurrency" with today's draft, the
 # server at concurrency 16 and 64, speculation on (the shipped draft) and off, 128 bench prompts streamed, 256 new
 # tokens at most (scripts/serve_matrix.sh: both servers build batch sizes 1, 16 and 64 before they listen).

@@ -1,6 +1,6 @@
 #!/bin/bash
-# A device plan (after stage.sh 1..13 and wheels.sh install: `AB_DIR=.dev/fr bash scripts/h200/start.sh 300
-# plan_fused_rows.sh`, carry [".dev/q14", ".dev/fr"]; ~16 minutes): a compiled prefill fusing one row's buckets only
+# A device plan (after stage.sh 1..16 and wheels.sh install: `AB_DIR=.dev/fr bash scripts/h200/start.sh 300
+# plan_fused_rows.sh`, carry [".dev/q17", ".dev/fr"]; ~16 minutes): a compiled prefill fusing one row's buckets only
 # (prefill.FUSED_ROWS, session 43) against fusing every bucket (.dev/fr holds eaglet/prefill.py from before:
 # `git show 317c187~1:eaglet/prefill.py`). Each tree serves with the shipped draft at batch sizes 1, 16 and 64 and is
 # measured at concurrency 16 and 64 (128 requests asked, all 80 bench prompts, 256 new tokens at most): the

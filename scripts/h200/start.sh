@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the H200, the last staging call (carry the last part's folder, [".dev/q14"]): that part and the gguf wheel, the
+# On the H200, the last staging call (carry the last part's folder, [".dev/q17"]): that part and the gguf wheel, the
 # GGUF's checksum (or, on a machine that has run a plan already, the GGUF left in place), this tree copied to
 # /tmp/eg/repo, then the plan scripts/h200/$2 started in a session of its own (it outlives this call; its log is
 # /tmp/eg/log, what it keeps goes to /tmp/eg/res, emptied first; /tmp/eg/DONE once it exits) and watched for $1
