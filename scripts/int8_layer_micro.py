@@ -7,7 +7,9 @@ points, the fused q/k/v over the layer's 2H input, ``o_proj``, the fused gate/up
 ``--draft-vocab`` tokens), each at the rows a draft step runs (1: a chain or a tree's first step; 8: a 6,8,48
 tree's later steps). Columns: cuBLAS bf16, then int8 with each of ``VARIANTS`` (``split`` 0: ``split_k``'s
 choice). "cold": the L2 flushed before each call (``head_micro.timed``), as where a step's weights come from HBM;
-the last row sums a draft step. A 6,8,48 iteration runs the layer 6 times and the head 6 times.
+the last rows sum a draft step, in microseconds and as the bytes of its weights read a second (bf16's two a
+parameter, int8's one; "GB/s", against an H100's ~3,350 and an H200's ~4,800). A 6,8,48 iteration runs the layer 6
+times and the head 6 times.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ from scripts.bench_decode import SHAPES
 from scripts.head_micro import timed
 from scripts.kernel_micro import graph_us
 
-VARIANTS = [{"SPLIT": 1}, {"SPLIT": 0}, {"SPLIT": 0, "BK": 128, "num_stages": 2},
-            {"SPLIT": 0, "BN": 32, "BK": 128, "num_warps": 2, "num_stages": 3},
-            {"SPLIT": 0, "BK": 256, "num_warps": 8, "num_stages": 2}, {"SPLIT": 0, "BN": 128, "num_warps": 8}]
+# Overrides of CONFIG (SPLIT 0: split_k's choice; WAVES: the programs a multiprocessor it aims at). Session 53's
+# H100 put {"BK": 256, "num_warps": 8, "num_stages": 2} first of its six (now CONFIG, the second row here), at ~60% of
+# the card's bandwidth on the step's int8 bytes: the rows after it look for the rest.
+VARIANTS = [{"SPLIT": 1}, {"SPLIT": 0}, {"SPLIT": 0, "BK": 64, "num_warps": 4, "num_stages": 3},
+            {"SPLIT": 0, "num_warps": 4, "num_stages": 3}, {"SPLIT": 0, "num_stages": 3},
+            {"SPLIT": 0, "BK": 512, "num_stages": 2}, {"SPLIT": 0, "BN": 32, "num_warps": 4},
+            {"SPLIT": 0, "WAVES": 4}, {"SPLIT": 0, "WAVES": 1}, {"SPLIT": 0, "BN": 128, "BK": 128}]
 
 
 def gemms(shape: str, draft_vocab: int) -> list[tuple[str, int, int]]:
@@ -50,6 +56,7 @@ def main() -> None:
     flush_us = graph_us(buf.zero_)
     names = " ".join(f"{'int8 ' + str(i):>8}" for i in range(len(VARIANTS)))
     print(f"{'gemm':>8} {'N x K':>13} {'rows':>4} {'cache':>5} {'bf16':>8} {names}  (us a call)", flush=True)
+    params = sum(n * k for _, n, k in gemms(a.shape, a.draft_vocab))
     for m in a.rows:
         totals = {"L2": [0.0] * (len(VARIANTS) + 1), "cold": [0.0] * (len(VARIANTS) + 1)}
         for name, n, k in gemms(a.shape, a.draft_vocab):
@@ -68,6 +75,8 @@ def main() -> None:
                       flush=True)
         for cache, row in totals.items():
             print(f"{'step':>8} {'(sum)':>13} {m:>4} {cache:>5} " + " ".join(f"{u:8.2f}" for u in row), flush=True)
+            rates = [2 * params / row[0] / 1e3] + [params / u / 1e3 for u in row[1:]]  # bytes / us / 1e3 = GB/s
+            print(f"{'GB/s':>8} {'(sum)':>13} {m:>4} {cache:>5} " + " ".join(f"{r:8.0f}" for r in rates), flush=True)
     for i, v in enumerate(VARIANTS):
         print(f"int8 {i}: {v} (split 0: split_k's choice)")
 

@@ -75,16 +75,18 @@ SPLIT_WAVES = 2
 MIN_SPLIT_K = 512
 
 
-def split_k(programs: int, k: int, sms: int) -> int:
-    """How many ways to split an input of ``k`` among ``programs`` column blocks on ``sms`` multiprocessors."""
-    want = -(-SPLIT_WAVES * sms // programs)  # ceil
+def split_k(programs: int, k: int, sms: int, waves: int = SPLIT_WAVES) -> int:
+    """How many ways to split an input of ``k`` among ``programs`` column blocks on ``sms`` multiprocessors, aiming
+    at ``waves`` programs a multiprocessor."""
+    want = -(-waves * sms // programs)  # ceil
     return max(1, min(want, k // MIN_SPLIT_K))
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict | None = None) -> torch.Tensor:
     """x [M, K], w int8 [N, K], scales float32 [N] -> x @ (w * scales[:, None]).T [M, N] in x's dtype.
 
-    ``config``: the tile (CONFIG's keys) and ``SPLIT``, the input's splits (default: ``split_k``'s choice)."""
+    ``config``: the tile (CONFIG's keys), ``SPLIT``, the input's splits (default: ``split_k``'s choice), and ``WAVES``,
+    the programs a multiprocessor ``split_k`` aims at (default SPLIT_WAVES)."""
     m, k = x.shape
     n = w.shape[0]
     c = {**CONFIG, **(config or {})}
@@ -93,7 +95,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict 
     bm = max(16, min(64, triton.next_power_of_2(m)))
     grid = (triton.cdiv(n, c["BN"]), triton.cdiv(m, bm))
     sms = sm_count(x.device.index or 0) if x.is_cuda else 1  # Triton's interpreter: tests pass config["SPLIT"]
-    splits = c.get("SPLIT") or split_k(grid[0] * grid[1], k, sms)
+    splits = c.get("SPLIT") or split_k(grid[0] * grid[1], k, sms, c.get("WAVES", SPLIT_WAVES))
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # float32 stays float32 (bf16 ignores it)
     tile = {"BM": bm, "BN": c["BN"], "BK": c["BK"], "PRECISION": precision, "num_warps": c["num_warps"],
             "num_stages": c["num_stages"]}

@@ -78,3 +78,5 @@ def test_the_input_is_split_only_where_column_blocks_are_too_few():
     assert split_k(programs=64, k=4096, sms=132) == 5
     assert split_k(programs=9, k=1728, sms=132) == 3  # SmolLM2's fc: no split shorter than MIN_SPLIT_K
     assert split_k(programs=9, k=300, sms=132) == 1
+    assert split_k(programs=64, k=14336, sms=132, waves=4) == 9  # more programs a multiprocessor asked
+    assert split_k(programs=64, k=14336, sms=132, waves=1) == 3
