@@ -173,8 +173,8 @@ def _add_train_parser(sub) -> None:
                    help="training only: the labels are the target's distribution at temperature T; below 1 they "
                         "weigh its argmax (what greedy serving accepts) more; 1 = as is")
     t.add_argument("--ttt-reach", type=integer(0), default=tc.ttt_reach, metavar="K",
-                   help="training only: a TTT step counts an anchor only while the target's token was in the "
-                        "draft's top K at every earlier step (what a tree branching K ways can reach); 0 = all")
+                   help="training only: a TTT step counts an anchor only while the answer's next token was in "
+                        "the draft's top K at every earlier step (what a tree branching K ways can reach); 0 = all")
     t.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="fuse the TTT loss's soft cross-entropy with torch.compile (its first step compiles; "
                         "default: on CUDA)")

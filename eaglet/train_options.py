@@ -45,8 +45,8 @@ class TrainConfig:
     # Training only: the labels are the target's distribution at this temperature (ttt.sharpen); below 1 the loss
     # weighs the target's argmax, what greedy verification accepts, more than its tail. 1: the distribution as is.
     label_temperature: float = 1.0
-    # Training only: TTT step j counts an anchor while the target's argmax was in the draft's top K at each earlier
-    # step (ttt.py); 0: every anchor, as EAGLE-3 trains.
+    # Training only: TTT step j counts an anchor while each earlier step had the answer's next token (the next step's
+    # input) in the draft's top K (ttt.py): the chains a K-way tree holds. 0: every anchor, as EAGLE-3 trains.
     ttt_reach: int = 0
     earlier_turns: bool = True  # loss on every assistant turn; False: only on those the target wrote
     # The TTT loss's soft cross-entropy through torch.compile (ttt.fused_soft_ce), and the TTT attention without

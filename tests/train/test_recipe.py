@@ -94,9 +94,9 @@ def test_label_temperature_changes_training_not_validation(tiny_target, tmp_path
         TrainConfig(label_temperature=0)
 
 
-def test_reach_masks_training_loss_from_the_command_line(tiny_target, tmp_path):
-    """--ttt-reach reaches the trainer's loss: at step 1 (the same weights) the training loss differs from the
-    unmasked run's."""
+def test_reach_masks_the_trainers_loss(tiny_target, tmp_path):
+    """TrainConfig.ttt_reach (--ttt-reach) reaches the trainer's loss: at step 1 (the same weights) the training loss
+    differs from the unmasked run's."""
     train = token_data(tiny_target, 24, 35)
     first = {}
     for k in (0, 1):
