@@ -55,15 +55,33 @@ def row(x: dict[str, torch.Tensor]) -> dict[str, float]:
             "acc_0_unsure": mean(x["top1"][unsure]), "top2_0_unsure": mean(x["top2"][unsure])}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def sample_args(doc: str) -> argparse.ArgumentParser:
+    """The options of a script that scores a draft on the target's greedy answers to a prompt set."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="default")
     ap.add_argument("--prompts", default="builtin")
     ap.add_argument("--limit", type=int, default=24, help="prompts, round-robin over the set's categories")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--extend-draft-vocab", action="store_true", help="serve the draft over the whole vocabulary")
     ap.add_argument("--json", help="write the table here too")
+    return ap
+
+
+def show(table: dict[str, dict], key: str, a: argparse.Namespace, width: int) -> None:
+    """Print ``table`` (rows of equal columns; None as "-") and write it with the options to ``a.json`` as ``key``."""
+    cols = list(next(iter(table.values())))
+    first = max(map(len, table)) + 2
+    print(f"{'':{first}}" + "".join(f"{c:>{width}}" for c in cols))
+    for name, r in table.items():
+        print(f"{name:{first}}" + "".join(f"{'-' if r[c] is None else r[c]:>{width}}" for c in cols))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"config": vars(a), key: table}, f, indent=1)
+
+
+def main() -> None:
+    ap = sample_args(__doc__)
+    ap.add_argument("--extend-draft-vocab", action="store_true", help="serve the draft over the whole vocabulary")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     target = load_target(a.target)  # float32 on the CPU, as the doctor runs
@@ -78,13 +96,7 @@ def main() -> None:
     table["all"] = row(every)
     if every["outside"].any():
         table["outside"] = row({m: every[m][every["outside"]] for m in ("top1", "top2", "p")})
-    cols = list(table["all"])
-    print(f"{'category':12}" + "".join(f"{c:>14}" for c in cols))
-    for cat, r in table.items():
-        print(f"{cat:12}" + "".join(f"{'-' if r[c] is None else r[c]:>14}" for c in cols))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"config": vars(a), "by_category": table}, f, indent=1)
+    show(table, "by_category", a, 14)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,6 @@ chain, so at step j the rest is loss a draft trained the usual way spends on sta
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
 
 from eaglet.doctor.samples import Samples, make_samples, training_features
@@ -21,6 +18,7 @@ from eaglet.draft.compat import load_draft_for
 from eaglet.loading.target import load_target
 from eaglet.speculative.load import resolve_draft
 from eaglet.train.ttt import TTTLoss
+from scripts.draft_gap import sample_args, show
 
 
 def step_counts(target, draft, s: Samples, steps: int, ks: list[int]) -> dict[int, torch.Tensor]:
@@ -40,15 +38,9 @@ def step_counts(target, draft, s: Samples, steps: int, ks: list[int]) -> dict[in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--draft", default="default")
-    ap.add_argument("--prompts", default="builtin")
-    ap.add_argument("--limit", type=int, default=24, help="prompts, round-robin over the set's categories")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap = sample_args(__doc__)
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 8])
-    ap.add_argument("--json", help="write the table here too")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     target = load_target(a.target)  # float32 on the CPU
@@ -62,13 +54,7 @@ def main() -> None:
                            **{f"acc K={k}": round(float(counts[k][j, 0] / counts[k][j, 1].clamp(min=1)), 3)
                               for k in a.k}}
              for j in range(a.steps)}
-    cols = list(table["step 0"])
-    print(f"{'':8}" + "".join(f"{c:>10}" for c in cols))
-    for name, r in table.items():
-        print(f"{name:8}" + "".join(f"{r[c]:>10}" for c in cols))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"config": vars(a), "by_step": table}, f, indent=1)
+    show(table, "by_step", a, 10)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,15 @@ def _draft(vocab: int = 50, seed: int = 0) -> Eagle3Draft:
     return d.eval()
 
 
+def _batch(b: int, t_len: int, seed: int, ids_below: int = 50, answer_share: float = 0.7) -> tuple[torch.Tensor, ...]:
+    """TTTLoss's inputs at random for the 20-token draft vocabulary: (aux, emb, ids, mask, target_logp, target_top)."""
+    torch.manual_seed(seed)
+    ids = torch.randint(0, ids_below, (b, t_len))
+    mask = torch.rand(b, t_len) > 1 - answer_share
+    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
+    return aux, emb, ids, mask, torch.randn(b, t_len, 20).log_softmax(-1), torch.randint(0, 50, (b, t_len))
+
+
 def test_accept_length_formula():
     assert predicted_accept_length([]) == 1
     assert predicted_accept_length([1.0, 1.0, 1.0]) == 4
@@ -68,12 +77,7 @@ def test_labels_masks_and_accuracy(monkeypatch):
     monkeypatch.setattr(ttt_module, "SERVE_WINDOW", 2)  # the first 2 tokens of each assistant run
     steps, b, t_len = 3, 2, 10
     d = _draft(vocab=20)  # draft vocabulary: even target ids 0..38
-    torch.manual_seed(1)
-    ids = torch.randint(0, 50, (b, t_len))
-    mask = torch.rand(b, t_len) > 0.3
-    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
-    target_logp = torch.randn(b, t_len, 20).log_softmax(-1)
-    target_top = torch.randint(0, 50, (b, t_len))
+    aux, emb, ids, mask, target_logp, target_top = _batch(b, t_len, seed=1)
     ttt = TTTLoss(d, steps, decay=0.5)
     loss, stats = ttt(aux, emb, ids, mask, target_logp, target_top)
     loss.backward()
@@ -117,12 +121,7 @@ def test_reach_counts_only_anchors_a_k_way_tree_holds(k):
     anchor as before."""
     steps, b, t_len = 3, 2, 12
     d = _draft(vocab=20)
-    torch.manual_seed(3)
-    ids = torch.randint(0, 40, (b, t_len))
-    mask = torch.rand(b, t_len) > 0.2
-    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
-    target_logp = torch.randn(b, t_len, 20).log_softmax(-1)
-    target_top = torch.randint(0, 50, (b, t_len))
+    aux, emb, ids, mask, target_logp, target_top = _batch(b, t_len, seed=3, ids_below=40, answer_share=0.8)
     loss, stats = TTTLoss(d, steps, decay=0.5, reach=k)(aux, emb, ids, mask, target_logp, target_top)
     with torch.no_grad():
         outs = TTTLoss(d, steps).unroll(aux, emb)
@@ -178,10 +177,7 @@ def test_loss_variants_equal_the_default(variant):
     from torch._dynamo.utils import counters
 
     steps, b, t_len = 3, 2, 10
-    torch.manual_seed(2)
-    ids, mask = torch.randint(0, 50, (b, t_len)), torch.rand(b, t_len) > 0.3
-    aux, emb = torch.randn(b, t_len, 96), torch.randn(b, t_len, 32)
-    target_logp, target_top = torch.randn(b, t_len, 20).log_softmax(-1), torch.randint(0, 50, (b, t_len))
+    aux, emb, ids, mask, target_logp, target_top = _batch(b, t_len, seed=2)
     results = []
     for on in (False, True):
         d = _draft(vocab=20)
