@@ -143,7 +143,8 @@ class TTTLoss(nn.Module):
             next_ids = index[ids].view(-1)
         stats = []
         for j, out in enumerate(self.unroll(aux, emb)):
-            rows, cols = (shift_left(label_ok, j + 2) & alive).nonzero(as_tuple=True)  # anchors with a label
+            held = alive  # [B, T] this step's anchors (with reach, the statistics count these only)
+            rows, cols = (shift_left(label_ok, j + 2) & held).nonzero(as_tuple=True)  # anchors with a label
             logits = draft.logits(out[rows, cols])  # [n, Vd]
             at = rows * t + cols + j + 1
             ce, top = self.soft_ce(logits, labels, at)  # [n] each
@@ -154,8 +155,8 @@ class TTTLoss(nn.Module):
             loss = loss + self.decay**j * ce.sum() / max(n, 1)
             with torch.no_grad():
                 hit = draft.to_target_ids(top) == target_top[rows, cols + j + 1]
-                n_all = shift_left(mask, j + 2).sum().float()  # out-of-vocabulary labels count, as misses
-                in_win = shift_left(window, j + 2)
+                n_all = (shift_left(mask, j + 2) & held).sum().float()  # out-of-vocabulary labels count, as misses
+                in_win = shift_left(window, j + 2) & held
                 hit_win = (hit & in_win[rows, cols]).sum().float()
                 stats.append(torch.stack([ce.detach().sum(), hit.sum().float(), ce.new_tensor(float(n)), n_all,
                                           hit_win, in_win.sum().float()]))

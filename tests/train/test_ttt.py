@@ -134,11 +134,12 @@ def test_reach_counts_only_anchors_a_k_way_tree_holds(k):
 
     want_loss, dropped = 0.0, 0
     for j in range(steps):
-        ce, n = 0.0, 0
+        ce, n, n_all = 0.0, 0, 0
         for bi in range(b):
             for t in range(t_len - j - 2):
                 held = all(label(bi, t + i + 2) and int((d.logits(outs[i][bi, t]) > d.logits(outs[i][bi, t])[
                     int(ids[bi, t + i + 2]) // 2]).sum()) < k for i in range(j))  # draft id i is target id 2i
+                n_all += held and bool(mask[bi, t + j + 2])  # acc_all's denominator: the held anchors too
                 if not label(bi, t + j + 2):
                     continue
                 dropped += not held
@@ -146,7 +147,7 @@ def test_reach_counts_only_anchors_a_k_way_tree_holds(k):
                     logits = d.logits(outs[j][bi, t]).detach()
                     ce += float(-(target_logp[bi, t + j + 1].exp() * logits.log_softmax(-1)).sum())
                     n += 1
-        assert int(stats[j, 2]) == n and float(stats[j, 0]) == pytest.approx(ce, rel=1e-4)
+        assert int(stats[j, 2]) == n and int(stats[j, 3]) == n_all and float(stats[j, 0]) == pytest.approx(ce, rel=1e-4)
         want_loss += 0.5**j * ce / max(n, 1)
     assert dropped > 0  # the mask took anchors out
     assert loss.item() == pytest.approx(want_loss, rel=1e-4)
