@@ -256,6 +256,12 @@ class Eagle3Draft(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """The draft id of each target id in the draft vocabulary (``t2d``; 0 for the others)."""
+        index = torch.zeros_like(self.t2d, dtype=torch.long)  # [V]
+        index[self.vocab_ids()] = torch.arange(self.config.draft_vocab_size, device=index.device)
+        return index[target_ids]
+
     def vocab_ids(self) -> torch.Tensor:
         """[Vd] the target id of each draft id, in the draft's order."""
         return self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))

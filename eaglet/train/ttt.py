@@ -137,10 +137,7 @@ class TTTLoss(nn.Module):
         t, labels = ids.shape[1], target_logp.reshape(-1, target_logp.shape[-1])  # [B*T, Vd]
         reach = self.reach if torch.is_grad_enabled() else 0
         alive = torch.ones_like(label_ok)  # [B, T]: anchors whose chain a K-way tree still holds at step j
-        if reach:  # [B*T] each data token's draft index (where label_ok holds, it has one)
-            index = torch.zeros_like(draft.t2d, dtype=torch.long)  # [V]
-            index[draft.vocab_ids()] = torch.arange(draft.config.draft_vocab_size, device=index.device)
-            next_ids = index[ids].view(-1)
+        next_ids = draft.to_draft_ids(ids).view(-1) if reach else None  # [B*T] (where label_ok holds, exact)
         stats = []
         for j, out in enumerate(self.unroll(aux, emb)):
             held = alive  # [B, T] this step's anchors (with reach, the statistics count these only)
