@@ -28,7 +28,7 @@ def step_counts(target, draft, s: Samples, steps: int, ks: list[int]) -> dict[in
     for i in range(len(s.prompts)):  # one at a time: a padded batch of long answers is large on a CPU
         one = Samples(s.prompts[i: i + 1], s.answers[i: i + 1], s.labels[i: i + 1])
         inp = training_features(target, draft.config.capture, draft, one.token_data())
-        args = (inp.aux.clone(), inp.emb.clone(), inp.ids, inp.mask, inp.target_logp.clone(), inp.target_top)
+        args = (inp.aux, inp.emb, inp.ids, inp.mask, inp.target_logp, inp.target_top)
         for k in total:
             # The reach applies where autograd records (training); with the weights frozen nothing is recorded.
             with torch.enable_grad():
