@@ -1,0 +1,31 @@
+#!/bin/bash
+# A plan after another (`start.sh 300 plan_ablate.sh int8_tiles.sh`; ~3 minutes): issue 11's 8B goal with the draft
+# in int8. The micro-benchmark's ten tiles (scripts/int8_layer_micro.py, rows 1 and 8); where one's cold step at
+# rows 1 beats CONFIG's (its "SPLIT": 0 column) by more than 5%, CONFIG in this copy of the tree becomes that tile;
+# then the 8B-shaped 6,8,48 iteration with head and layer in int8 (scripts/spec_step_costs.py) over the head as
+# served (32,000) and cut in half (16,384, as `--draft-vocab` serves a frequency-ordered head). To /tmp/eg/res:
+# micro.txt, steps_llama3-8b_int8_v<vocab>.jsonl.
+S=${S:-/tmp/eg/res}
+echo "### int8_tiles $(date +%T)"
+timeout 150 python3 scripts/int8_layer_micro.py --shape llama3-8b --rows 1 8 2>&1 | grep -v -i warn | tee "$S/micro.txt"
+python3 - "$S/micro.txt" <<'PY'
+import re, sys
+from scripts.int8_layer_micro import VARIANTS
+row = next(line.split()[4:] for line in open(sys.argv[1]) if re.match(r"\s*step\s+\(sum\)\s+1\s+cold", line))
+us = [float(u) for u in row[1:]]  # the int8 columns, bf16's dropped
+best = min(range(len(us)), key=us.__getitem__)
+print(f"CONFIG's column {us[1]:.1f} us, best int8 {best} {us[best]:.1f} us")
+if us[best] < 0.95 * us[1]:
+    path = "eaglet/models/int8_matmul.py"
+    src = open(path).read()
+    old = re.search(r"^CONFIG = (\{.*\})$", src, re.M)
+    new = {k: v for k, v in {**eval(old.group(1)), **VARIANTS[best]}.items() if k != "SPLIT"}
+    open(path, "w").write(src.replace(old.group(0), f"CONFIG = {new!r}"))
+    print(f"CONFIG in this copy: {new}")
+PY
+for vocab in 32000 16384; do
+  echo "### step costs llama3-8b int8 v$vocab $(date +%T)"
+  timeout 150 python3 scripts/spec_step_costs.py --shape llama3-8b --batch 1 --trees 6,8,48 --draft-vocab $vocab \
+    --int8-draft-head --int8-draft-layer --out "$S/steps_llama3-8b_int8_v$vocab.jsonl" 2>&1 | tail -2
+done
+echo "### int8_tiles end $(date +%T)"
