@@ -4,7 +4,8 @@
 # rows 1 beats CONFIG's (its "SPLIT": 0 column) by more than 5%, CONFIG in this copy of the tree becomes that tile;
 # then the 8B-shaped 6,8,48 iteration with head and layer in int8 (scripts/spec_step_costs.py) over the head as
 # served (32,000) and cut in half (16,384, as `--draft-vocab` serves a frequency-ordered head). To /tmp/eg/res:
-# micro.txt, steps_llama3-8b_int8_v<vocab>.jsonl.
+# micro.txt, steps_llama3-8b_int8_v<vocab>.jsonl. Last, the target's GEMMs at verify's 48 rows against a plain
+# step's one, cuBLAS against the same Triton kernel over bf16 weights (scripts/verify_gemm_micro.py): verify_gemm.txt.
 S=${S:-/tmp/eg/res}
 echo "### int8_tiles $(date +%T)"
 timeout 150 python3 scripts/int8_layer_micro.py --shape llama3-8b --rows 1 8 2>&1 | grep -v -i warn | tee "$S/micro.txt"
@@ -28,4 +29,7 @@ for vocab in 32000 16384; do
   timeout 150 python3 scripts/spec_step_costs.py --shape llama3-8b --batch 1 --trees 6,8,48 --draft-vocab $vocab \
     --int8-draft-head --int8-draft-layer --out "$S/steps_llama3-8b_int8_v$vocab.jsonl" 2>&1 | tail -2
 done
+echo "### verify_gemm_micro $(date +%T)"
+timeout 150 python3 scripts/verify_gemm_micro.py --shape llama3-8b --rows 1 48 2>&1 | grep -v -i warn \
+  | tee "$S/verify_gemm.txt"
 echo "### int8_tiles end $(date +%T)"
