@@ -26,6 +26,7 @@ import time
 
 import torch
 
+import eaglet.models.layers as layers
 import eaglet.speculative.tree as tree_module
 from eaglet.cuda_graph import GraphedStep, compiled
 from eaglet.models.int8_matmul import CudaInt8Linear
@@ -96,6 +97,23 @@ def prefix_graph(eng: SpecEngine, batch: int, cfg: TreeConfig, upto: str) -> Gra
     return GraphedStep(torch.compile(run, dynamic=False))
 
 
+def triton_gemms(target, min_rows: int) -> None:
+    """Route the target's bias-free GEMMs of at least ``min_rows`` rows (every module calls ``layers.dense``)
+    through the int8 kernel given the bf16 weight itself: its widening a no-op, its scales ones (one tensor a
+    width, made here so that the compiled step reads them as constants)."""
+    ones = {w.shape[0]: torch.ones(w.shape[0], device=w.device) for w in target.parameters() if w.dim() == 2}
+    base = layers.dense
+
+    def dense(x, weight, bias=None):
+        rows = x.reshape(-1, x.shape[-1])
+        if bias is None and x.is_cuda and rows.shape[0] >= min_rows and weight.shape[0] in ones:
+            y = torch.ops.eaglet.int8_matmul(rows, weight, ones[weight.shape[0]])
+            return y.view(*x.shape[:-1], weight.shape[0])
+        return base(x, weight, bias)
+
+    layers.dense = dense
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -116,6 +134,9 @@ def main() -> None:
                     help="the draft's fc and layer projections in int8 too (Eagle3Draft.int8_projections)")
     ap.add_argument("--argmax-chunk", type=int, default=None,
                     help="the two-stage argmax's chunk (default: eaglet.speculative.tree.argmax_chunk's choice)")
+    ap.add_argument("--triton-gemm-rows", type=int, default=0, metavar="R",
+                    help="an experiment: the target's GEMMs of at least R rows (verify's, not a batch-1 plain step's) "
+                         "through eaglet::int8_matmul's kernel over the bf16 weight (scales of one)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the plain step and each iteration: kernel count, busy time, the N costliest")
     a = ap.parse_args()
@@ -131,6 +152,8 @@ def main() -> None:
         eaglet.generate.compiled = eaglet.speculative.engine.compiled = automatic
     target = random_target(a.shape, torch.bfloat16, a.device)
     cfg = target.config
+    if a.triton_gemm_rows:
+        triton_gemms(target, a.triton_gemm_rows)
     draft = random_draft(target, a.draft_vocab, a.draft_intermediate_size)
     if a.int8_draft_head:
         draft.lm_head = CudaInt8Linear(draft.lm_head.weight)
@@ -170,7 +193,8 @@ def main() -> None:
                    "draft_head": "int8" if a.int8_draft_head else "bf16",
                    "draft_layer": "int8" if a.int8_draft_layer else "bf16",
                    "draft_vocab": a.draft_vocab, "draft_mlp": draft.config.intermediate_size,
-                   "argmax_chunk": a.argmax_chunk or "default", "plain_ms": plain,
+                   "argmax_chunk": a.argmax_chunk or "default", "triton_gemm_rows": a.triton_gemm_rows,
+                   "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
             if a.profile:

@@ -1,11 +1,13 @@
 #!/bin/bash
-# A plan after another (`start.sh 300 plan_ablate.sh int8_tiles.sh`; ~3 minutes): issue 11's 8B goal with the draft
+# A plan after another (`NO_GGUF=1 start.sh 300 int8_tiles.sh`, no staging; ~5 minutes): issue 11's 8B goal with the draft
 # in int8. The micro-benchmark's ten tiles (scripts/int8_layer_micro.py, rows 1 and 8); where one's cold step at
 # rows 1 beats CONFIG's (its "SPLIT": 0 column) by more than 5%, CONFIG in this copy of the tree becomes that tile;
 # then the 8B-shaped 6,8,48 iteration with head and layer in int8 (scripts/spec_step_costs.py) over the head as
 # served (32,000) and cut in half (16,384, as `--draft-vocab` serves a frequency-ordered head). To /tmp/eg/res:
 # micro.txt, steps_llama3-8b_int8_v<vocab>.jsonl. Last, the target's GEMMs at verify's 48 rows against a plain
-# step's one, cuBLAS against the same Triton kernel over bf16 weights (scripts/verify_gemm_micro.py): verify_gemm.txt.
+# step's one, cuBLAS against the same Triton kernel over bf16 weights (scripts/verify_gemm_micro.py): verify_gemm.txt,
+# and the iteration with verify's GEMMs in that kernel (spec_step_costs.py --triton-gemm-rows 16):
+# steps_llama3-8b_int8_triton16.jsonl.
 S=${S:-/tmp/eg/res}
 echo "### int8_tiles $(date +%T)"
 timeout 150 python3 scripts/int8_layer_micro.py --shape llama3-8b --rows 1 8 2>&1 | grep -v -i warn | tee "$S/micro.txt"
@@ -32,4 +34,8 @@ done
 echo "### verify_gemm_micro $(date +%T)"
 timeout 150 python3 scripts/verify_gemm_micro.py --shape llama3-8b --rows 1 48 2>&1 | grep -v -i warn \
   | tee "$S/verify_gemm.txt"
+echo "### step costs llama3-8b int8 v32000, verify's GEMMs in Triton $(date +%T)"
+timeout 150 python3 scripts/spec_step_costs.py --shape llama3-8b --batch 1 --trees 6,8,48 --draft-vocab 32000 \
+  --int8-draft-head --int8-draft-layer --triton-gemm-rows 16 --out "$S/steps_llama3-8b_int8_triton16.jsonl" 2>&1 \
+  | tail -2
 echo "### int8_tiles end $(date +%T)"
