@@ -1,6 +1,6 @@
 #!/bin/bash
-# A plan after another (`NO_GGUF=1 start.sh 300 int8_tiles.sh`, no staging; ~5 minutes): issue 11's 8B goal with the draft
-# in int8. The micro-benchmark's ten tiles (scripts/int8_layer_micro.py, rows 1 and 8); where one's cold step at
+# A plan (`NO_GGUF=1 bash scripts/h200/start.sh 300 int8_tiles.sh`, no staging; ~5 minutes): issue 11's 8B goal with
+# the draft in int8. The micro-benchmark's ten tiles (scripts/int8_layer_micro.py, rows 1 and 8); where one's cold step at
 # rows 1 beats CONFIG's (its "SPLIT": 0 column) by more than 5%, CONFIG in this copy of the tree becomes that tile;
 # then the 8B-shaped 6,8,48 iteration with head and layer in int8 (scripts/spec_step_costs.py) over the head as
 # served (32,000) and cut in half (16,384, as `--draft-vocab` serves a frequency-ordered head). To /tmp/eg/res:
