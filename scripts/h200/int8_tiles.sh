@@ -1,16 +1,19 @@
 #!/bin/bash
-# A plan (`NO_GGUF=1 bash scripts/h200/start.sh 300 int8_tiles.sh`, no staging; ~5 minutes): issue 11's 8B goal with
-# the draft in int8. The micro-benchmark's ten tiles (scripts/int8_layer_micro.py, rows 1 and 8); where one's cold step at
-# rows 1 beats CONFIG's (its "SPLIT": 0 column) by more than 5%, CONFIG in this copy of the tree becomes that tile;
-# then the 8B-shaped 6,8,48 iteration with head and layer in int8 (scripts/spec_step_costs.py) over the head as
-# served (32,000) and cut in half (16,384, as `--draft-vocab` serves a frequency-ordered head). To /tmp/eg/res:
-# micro.txt, steps_llama3-8b_int8_v<vocab>.jsonl. Last, the target's GEMMs at verify's 48 rows against a plain
-# step's one, cuBLAS against the same Triton kernel over bf16 weights (scripts/verify_gemm_micro.py): verify_gemm.txt,
-# and the iteration with verify's GEMMs in that kernel (spec_step_costs.py --triton-gemm-rows 16):
-# steps_llama3-8b_int8_triton16.jsonl.
+# A plan (`NO_GGUF=1 bash scripts/h200/start.sh 300 int8_tiles.sh`, no staging; ~5 minutes): issue 11's 8B goal.
+# First the two micro-benchmarks (~1 minute, so that a call the budget cuts still returns them): the draft's GEMMs in
+# int8 over ten tiles (scripts/int8_layer_micro.py, rows 1 and 8: micro.txt), and the target's GEMMs at verify's 48
+# rows against a plain step's one, cuBLAS against the same Triton kernel over the bf16 weights
+# (scripts/verify_gemm_micro.py: verify_gemm.txt). Where a tile's cold step at rows 1 beats CONFIG's (its "SPLIT": 0
+# column) by more than 5%, CONFIG in this copy of the tree becomes that tile. Then the 8B-shaped 6,8,48 iteration
+# with the draft's head and layer in int8 (scripts/spec_step_costs.py) over the head as served (32,000) and cut in
+# half (16,384, as `--draft-vocab` serves a frequency-ordered head), and with verify's GEMMs in the Triton kernel
+# (--triton-gemm-rows 16): steps_llama3-8b_int8_{v32000,v16384,triton16}.jsonl. All to /tmp/eg/res.
 S=${S:-/tmp/eg/res}
-echo "### int8_tiles $(date +%T)"
+echo "### int8_layer_micro $(date +%T)"
 timeout 150 python3 scripts/int8_layer_micro.py --shape llama3-8b --rows 1 8 2>&1 | grep -v -i warn | tee "$S/micro.txt"
+echo "### verify_gemm_micro $(date +%T)"
+timeout 150 python3 scripts/verify_gemm_micro.py --shape llama3-8b --rows 1 48 2>&1 | grep -v -i warn \
+  | tee "$S/verify_gemm.txt"
 python3 - "$S/micro.txt" <<'PY'
 import re, sys
 from scripts.int8_layer_micro import VARIANTS
@@ -26,16 +29,12 @@ if us[best] < 0.95 * us[1]:
     open(path, "w").write(src.replace(old.group(0), f"CONFIG = {new!r}"))
     print(f"CONFIG in this copy: {new}")
 PY
-for vocab in 32000 16384; do
-  echo "### step costs llama3-8b int8 v$vocab $(date +%T)"
+for how in v32000 v16384 triton16; do
+  vocab=$([ $how = v16384 ] && echo 16384 || echo 32000)
+  extra=$([ $how = triton16 ] && echo --triton-gemm-rows 16)
+  echo "### step costs llama3-8b int8 $how $(date +%T)"
+  # shellcheck disable=SC2086
   timeout 150 python3 scripts/spec_step_costs.py --shape llama3-8b --batch 1 --trees 6,8,48 --draft-vocab $vocab \
-    --int8-draft-head --int8-draft-layer --out "$S/steps_llama3-8b_int8_v$vocab.jsonl" 2>&1 | tail -2
+    --int8-draft-head --int8-draft-layer $extra --out "$S/steps_llama3-8b_int8_$how.jsonl" 2>&1 | tail -2
 done
-echo "### verify_gemm_micro $(date +%T)"
-timeout 150 python3 scripts/verify_gemm_micro.py --shape llama3-8b --rows 1 48 2>&1 | grep -v -i warn \
-  | tee "$S/verify_gemm.txt"
-echo "### step costs llama3-8b int8 v32000, verify's GEMMs in Triton $(date +%T)"
-timeout 150 python3 scripts/spec_step_costs.py --shape llama3-8b --batch 1 --trees 6,8,48 --draft-vocab 32000 \
-  --int8-draft-head --int8-draft-layer --triton-gemm-rows 16 --out "$S/steps_llama3-8b_int8_triton16.jsonl" 2>&1 \
-  | tail -2
 echo "### int8_tiles end $(date +%T)"
