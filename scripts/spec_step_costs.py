@@ -100,7 +100,9 @@ def prefix_graph(eng: SpecEngine, batch: int, cfg: TreeConfig, upto: str) -> Gra
 def triton_gemms(target, min_rows: int) -> None:
     """Route the target's bias-free GEMMs of at least ``min_rows`` rows (every module calls ``layers.dense``)
     through the int8 kernel given the bf16 weight itself: its widening a no-op, its scales ones (one tensor a
-    width, made here so that the compiled step reads them as constants)."""
+    width, made here so that the compiled step reads them as constants). The draft's ``layers.Linear`` modules
+    of a target's width follow too where their rows reach ``min_rows``: its prefill only (a tree's draft steps
+    run at most 8 rows at batch 1), and none once they are int8."""
     ones = {w.shape[0]: torch.ones(w.shape[0], device=w.device) for w in target.parameters() if w.dim() == 2}
     base = layers.dense
 
