@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from eaglet.models.int8_linear import quantize_rows
 from eaglet.models.int8_matmul import launch
 from scripts.bench_decode import SHAPES
-from scripts.head_micro import timed
-from scripts.kernel_micro import graph_us
+from scripts.head_micro import l2_flush, timed
 
 # Overrides of CONFIG (SPLIT 0: split_k's choice; WAVES: the programs a multiprocessor it aims at). Session 53's
 # H100 put {"BK": 256, "num_warps": 8, "num_stages": 2} first of its six (now CONFIG, the second row here), at ~60% of
@@ -52,8 +51,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
-    buf = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    flush_us = graph_us(buf.zero_)
+    buf, flush_us = l2_flush(dev)
     names = " ".join(f"{'int8 ' + str(i):>8}" for i in range(len(VARIANTS)))
     print(f"{'gemm':>8} {'N x K':>13} {'rows':>4} {'cache':>5} {'bf16':>8} {names}  (us a call)", flush=True)
     params = sum(n * k for _, n, k in gemms(a.shape, a.draft_vocab))

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 from eaglet.models.int8_matmul import launch
 from scripts.bench_decode import SHAPES
-from scripts.head_micro import timed
-from scripts.kernel_micro import graph_us
+from scripts.head_micro import l2_flush, timed
 
 VARIANTS = [{"SPLIT": 0}, {"SPLIT": 0, "BK": 128, "num_warps": 4, "num_stages": 3},
             {"SPLIT": 0, "BK": 128, "num_stages": 3}, {"SPLIT": 0, "BN": 128, "BK": 64, "num_stages": 4},
@@ -45,8 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
-    buf = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    flush_us = graph_us(buf.zero_)
+    buf, flush_us = l2_flush(dev)
     names = " ".join(f"{'triton ' + str(i):>9}" for i in range(len(VARIANTS)))
     print(f"{'gemm':>8} {'N x K':>13} {'rows':>4} {'cublas':>9} {names}  (us a call, L2 flushed)", flush=True)
     params = sum(n * k * calls for _, n, k, calls in gemms(a.shape))
