@@ -83,7 +83,8 @@ def split_k(programs: int, k: int, sms: int, waves: int = SPLIT_WAVES) -> int:
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """x [M, K], w int8 [N, K], scales float32 [N] -> x @ (w * scales[:, None]).T [M, N] in x's dtype.
+    """x [M, K], w int8 [N, K], scales float32 [N] -> x @ (w * scales[:, None]).T [M, N] in x's dtype. A weight
+    in x's dtype works too (the widening a no-op): scripts/verify_gemm_micro.py times a target's bf16 GEMMs so.
 
     ``config``: the tile (CONFIG's keys), ``SPLIT``, the input's splits (default: ``split_k``'s choice), and ``WAVES``,
     the programs a multiprocessor ``split_k`` aims at (default SPLIT_WAVES)."""

@@ -72,6 +72,19 @@ def test_a_split_input_sums_to_the_unsplit_product(m, n, k, splits):
     assert torch.equal(launch(x, q, s, {"SPLIT": splits}), split), "the splits add in a fixed order"
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_weight_in_the_inputs_dtype_is_read_as_it_is(splits):
+    # scripts/verify_gemm_micro.py and spec_step_costs.py --triton-gemm-rows time the kernel over a target's bf16
+    # weights (scales of one) at verify's 48 rows: the widening is then a no-op and the product is x @ w.T.
+    g = torch.Generator().manual_seed(splits)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x, w = (torch.randn(48, 600, generator=g).to(DEVICE, dtype), torch.randn(130, 600, generator=g).to(DEVICE, dtype))
+    got = launch(x, w, torch.ones(130, device=DEVICE), {"SPLIT": splits})
+    want = x.float() @ w.float().T
+    tol = 1e-4 if dtype == torch.float32 else 2e-2 * want.abs().max().item()
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=tol)
+
+
 def test_the_input_is_split_only_where_column_blocks_are_too_few():
     assert split_k(programs=500, k=4096, sms=132) == 1  # a Llama-3.1-8B-shaped head: 500 blocks of 64 columns
     assert split_k(programs=64, k=14336, sms=132) == 5  # its down_proj: 64 blocks, 2 a multiprocessor wanted
