@@ -15,6 +15,7 @@ times and the head 6 times.
 from __future__ import annotations
 
 import argparse
+import json
 from functools import partial
 
 import torch
@@ -48,6 +49,8 @@ def main() -> None:
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--best-out", help="write here, as JSON, the tile whose cold step at the first --rows beats "
+                    "CONFIG's by more than 5%% ({} where none does): spec_step_costs.py --int8-tile reads it")
     a = ap.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
@@ -55,6 +58,7 @@ def main() -> None:
     names = " ".join(f"{'int8 ' + str(i):>8}" for i in range(len(VARIANTS)))
     print(f"{'gemm':>8} {'N x K':>13} {'rows':>4} {'cache':>5} {'bf16':>8} {names}  (us a call)", flush=True)
     params = sum(n * k for _, n, k in gemms(a.shape, a.draft_vocab))
+    best = {}
     for m in a.rows:
         totals = {"L2": [0.0] * (len(VARIANTS) + 1), "cold": [0.0] * (len(VARIANTS) + 1)}
         for name, n, k in gemms(a.shape, a.draft_vocab):
@@ -75,8 +79,21 @@ def main() -> None:
             print(f"{'step':>8} {'(sum)':>13} {m:>4} {cache:>5} " + " ".join(f"{u:8.2f}" for u in row), flush=True)
             rates = [2 * params / row[0] / 1e3] + [params / u / 1e3 for u in row[1:]]  # bytes / us / 1e3 = GB/s
             print(f"{'GB/s':>8} {'(sum)':>13} {m:>4} {cache:>5} " + " ".join(f"{r:8.0f}" for r in rates), flush=True)
+        if m == a.rows[0]:
+            best = better_tile(totals["cold"][1:])
     for i, v in enumerate(VARIANTS):
         print(f"int8 {i}: {v} (split 0: split_k's choice)")
+    print(f"best tile: {best}")
+    if a.best_out:
+        with open(a.best_out, "w") as f:
+            json.dump(best, f)
+
+
+def better_tile(us: list[float]) -> dict:
+    """The overrides of CONFIG (``SPLIT`` dropped) of the variant whose step took fewest ``us`` where that beats
+    CONFIG's own (``{"SPLIT": 0}``, the second variant) by more than 5%; {} where none does."""
+    i = min(range(len(us)), key=us.__getitem__)
+    return {k: v for k, v in VARIANTS[i].items() if k != "SPLIT"} if us[i] < 0.95 * us[1] else {}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+import eaglet.models.int8_matmul as int8_matmul
 import eaglet.models.layers as layers
 import eaglet.speculative.tree as tree_module
 from eaglet.cuda_graph import GraphedStep, compiled
@@ -136,12 +137,15 @@ def main() -> None:
                     help="the draft's fc and layer projections in int8 too (Eagle3Draft.int8_projections)")
     ap.add_argument("--argmax-chunk", type=int, default=None,
                     help="the two-stage argmax's chunk (default: eaglet.speculative.tree.argmax_chunk's choice)")
+    ap.add_argument("--int8-tile", type=json.loads, default={}, metavar="JSON",
+                    help="overrides of int8_matmul.CONFIG, the int8 kernel's tile (int8_layer_micro.py --best-out)")
     ap.add_argument("--triton-gemm-rows", type=int, default=0, metavar="R",
                     help="an experiment: the target's GEMMs of at least R rows (verify's, not a batch-1 plain step's) "
                          "through eaglet::int8_matmul's kernel over the bf16 weight (scales of one)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the plain step and each iteration: kernel count, busy time, the N costliest")
     a = ap.parse_args()
+    int8_matmul.CONFIG.update(a.int8_tile)  # read at each launch, so before anything compiles
     if a.argmax_chunk:
         tree_module.ARGMAX_CHUNKS = (a.argmax_chunk,)  # read when the iteration is traced
     if a.dynamic:
@@ -196,6 +200,7 @@ def main() -> None:
                    "draft_layer": "int8" if a.int8_draft_layer else "bf16",
                    "draft_vocab": a.draft_vocab, "draft_mlp": draft.config.intermediate_size,
                    "argmax_chunk": a.argmax_chunk or "default", "triton_gemm_rows": a.triton_gemm_rows,
+                   "int8_tile": int8_matmul.CONFIG if a.int8_draft_head or a.int8_draft_layer else None,
                    "plain_ms": plain,
                    "plain_compile_s": plain_compile, "iteration_compile_s": compile_s, "iteration_ms": full,
                    "call_ms": call, "host_ms": call - full}
